@@ -1,0 +1,35 @@
+"""dspark: DSpark speculative decoding, as reference oracles, PyTorch modules and fused Triton kernels.
+
+``import dspark`` never imports Triton and never touches a GPU driver; kernels load on first use.
+"""
+
+from dspark.attention import block_attention
+from dspark.backbone import BlockBackbone, ContextCache
+from dspark.backend import resolve_backend
+from dspark.confidence import ConfidenceHead, confidence_survival, confidence_target
+from dspark.config import DSparkConfig, uniform_tap_layers
+from dspark.drafter import DraftOutput, DSparkDrafter
+from dspark.markov import MarkovHead, MarkovWeights, sample_block, teacher_forced_bias
+from dspark.sampling import sample_from_probs, warp_logits
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BlockBackbone",
+    "ConfidenceHead",
+    "ContextCache",
+    "DSparkConfig",
+    "DSparkDrafter",
+    "DraftOutput",
+    "MarkovHead",
+    "MarkovWeights",
+    "block_attention",
+    "confidence_survival",
+    "confidence_target",
+    "resolve_backend",
+    "sample_block",
+    "sample_from_probs",
+    "teacher_forced_bias",
+    "uniform_tap_layers",
+    "warp_logits",
+]

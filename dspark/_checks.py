@@ -1,0 +1,66 @@
+"""Input validation shared by every public op: each failure is a ValueError saying what was expected."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+def check_tensor(
+    name: str,
+    t: object,
+    *,
+    ndim: int | None = None,
+    shape: Sequence[int | None] | None = None,
+    floating: bool = False,
+    integer: bool = False,
+    finite: bool = False,
+) -> torch.Tensor:
+    """Check a tensor argument; ``None`` entries in ``shape`` match any size."""
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if shape is not None:
+        ndim = len(shape)
+    if ndim is not None and t.ndim != ndim:
+        raise ValueError(f"{name} must have {ndim} dims{_fmt(shape)}, got shape {tuple(t.shape)}")
+    if shape is not None:
+        for want, got in zip(shape, t.shape):
+            if want is not None and want != got:
+                raise ValueError(f"{name} must have shape {_fmt(shape).strip()}, got {tuple(t.shape)}")
+    if floating and not t.is_floating_point():
+        raise ValueError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
+    if integer and (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool):
+        raise ValueError(f"{name} must be an integer tensor, got dtype {t.dtype}")
+    if finite and t.numel() and not bool(torch.isfinite(t).all()):
+        raise ValueError(f"{name} contains NaN or Inf values")
+    return t
+
+
+def check_token_range(name: str, tokens: torch.Tensor, vocab_size: int) -> None:
+    if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
+        raise ValueError(
+            f"{name} must hold token ids in [0, {vocab_size}), got range [{int(tokens.min())}, {int(tokens.max())}]"
+        )
+
+
+def check_uniforms(name: str, u: torch.Tensor) -> None:
+    if u.numel() and (bool((u < 0).any()) or bool((u >= 1).any()) or not bool(torch.isfinite(u).all())):
+        raise ValueError(f"{name} must hold uniform draws in [0, 1)")
+
+
+def check_sampling(temperature: float, top_k: int | None, top_p: float | None, vocab_size: int) -> None:
+    if not isinstance(temperature, (int, float)) or temperature < 0 or temperature != temperature:
+        raise ValueError(f"temperature must be a number >= 0 (0 means greedy), got {temperature!r}")
+    if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1):
+        raise ValueError(f"top_k must be a positive int or None, got {top_k!r}")
+    if top_p is not None and not (0 < top_p <= 1):
+        raise ValueError(f"top_p must lie in (0, 1] or be None, got {top_p!r}")
+    if vocab_size < 1:
+        raise ValueError(f"vocabulary must be non-empty, got {vocab_size}")
+
+
+def _fmt(shape: Sequence[int | None] | None) -> str:
+    if shape is None:
+        return ""
+    return " [" + ", ".join("*" if s is None else str(s) for s in shape) + "]"

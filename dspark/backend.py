@@ -1,0 +1,39 @@
+"""Which implementation an op runs: ``reference`` (oracle), ``torch`` (module) or ``triton`` (fused)."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+BACKENDS = ("auto", "reference", "torch", "triton")
+
+
+@functools.lru_cache(maxsize=1)
+def triton_available() -> bool:
+    """True when Triton imports; checked once, lazily, so ``import dspark`` never imports Triton."""
+    try:
+        import triton  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def resolve_backend(backend: str, *tensors: torch.Tensor | None) -> str:
+    """Turn ``backend`` (or ``auto``) into a concrete one.
+
+    ``auto`` picks Triton for CUDA tensors when Triton imports, PyTorch otherwise; the environment
+    variable ``DSPARK_BACKEND`` overrides ``auto`` (never an explicit choice).
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend != "auto":
+        return backend
+    forced = os.environ.get("DSPARK_BACKEND", "").strip()
+    if forced:
+        if forced not in BACKENDS[1:]:
+            raise ValueError(f"DSPARK_BACKEND must be one of {BACKENDS[1:]}, got {forced!r}")
+        return forced
+    on_cuda = any(t is not None and t.is_cuda for t in tensors)
+    return "triton" if on_cuda and triton_available() else "torch"

@@ -1,0 +1,123 @@
+"""DSparkDrafter: the backbone, the sequential head and the confidence head as one module (SPEC §1)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dspark._checks import check_tensor
+from dspark.backbone import BlockBackbone, ContextCache
+from dspark.confidence import ConfidenceHead, confidence_survival
+from dspark.config import DSparkConfig
+from dspark.markov import MarkovHead, previous_tokens, sample_block
+
+
+@dataclass
+class DraftOutput:
+    """One drafted block per request.
+
+    Attributes:
+        tokens: ``[R, γ]`` drafted tokens (draft vocabulary).
+        draft_probs: ``[R, γ, V_draft]`` the distributions they were sampled from.
+        confidence_logits, confidence, survival: ``[R, γ]``, or ``None`` without a confidence head.
+    """
+
+    tokens: torch.Tensor
+    draft_probs: torch.Tensor
+    confidence_logits: torch.Tensor | None = None
+    confidence: torch.Tensor | None = None
+    survival: torch.Tensor | None = None
+
+
+class DSparkDrafter(BlockBackbone):
+    """A DSpark drafter. Its ``state_dict`` uses speculators' tensor names (SPEC §12.1).
+
+    With ``markov_rank=0`` and no confidence head it is DeepSpec's DFlash baseline (SPEC §2.1).
+    """
+
+    def __init__(self, config: DSparkConfig):
+        super().__init__(config)
+        if config.has_markov:
+            self.markov_head = MarkovHead(
+                config.vocab_size, config.draft_vocab_size, config.markov_rank, config.markov_head_type,
+                config.hidden_size,
+            )
+        if config.enable_confidence_head:
+            rank = config.markov_rank if config.confidence_head_with_markov else 0
+            self.confidence_head = ConfidenceHead(config.hidden_size, rank, bias=config.confidence_head_bias)
+        self.register_buffer("sts_temperatures", torch.ones(config.block_size), persistent=True)
+
+    def training_logits(
+        self,
+        anchor_ids: torch.Tensor,
+        anchor_pos: torch.Tensor,
+        tap_features: torch.Tensor,
+        next_ids: torch.Tensor,
+        block_valid: torch.Tensor | None = None,
+        *,
+        backend: str = "auto",
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Teacher-forced draft logits and confidence logits of many blocks (SPEC §3.5).
+
+        Args:
+            anchor_ids, anchor_pos, tap_features, block_valid: as :meth:`BlockBackbone.forward`.
+            next_ids: ``[B, N, γ−1]`` the ground-truth tokens ``x_1 … x_{γ−1}`` after each anchor, which
+                become the previous tokens of slots 2…γ.
+
+        Returns:
+            ``(draft_logits [B, N, γ, V_draft] = U + B, confidence_logits [B, N, γ] or None)``.
+        """
+        gamma = self.config.block_size
+        check_tensor("next_ids", next_ids, shape=(*anchor_ids.shape, gamma - 1), integer=True)
+        hidden = self(anchor_ids, anchor_pos, tap_features, block_valid, backend=backend)
+        prev_ids = torch.cat([anchor_ids[..., None], next_ids], -1)
+        logits = self.lm_head(hidden)
+        prev_emb = None
+        if self.config.has_markov:
+            logits = logits + self.markov_head(prev_ids, hidden)
+            prev_emb = self.markov_head.markov_w1(prev_ids)
+        confidence_logits = None
+        if self.config.enable_confidence_head:
+            confidence_logits = self.confidence_head(hidden, prev_emb if self.confidence_head.markov_rank else None)
+        return logits, confidence_logits
+
+    @torch.no_grad()
+    def draft(
+        self,
+        anchor_ids: torch.Tensor,
+        cache: ContextCache,
+        uniforms: torch.Tensor,
+        *,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        backend: str = "auto",
+    ) -> DraftOutput:
+        """Draft one block per request over its context cache (SPEC §1 steps 1–3).
+
+        Args:
+            anchor_ids: ``[R]`` current anchors.
+            cache: context cache holding the fused target features of every position before the anchor.
+            uniforms: ``[R, γ]`` draws in ``[0, 1)`` for the block sampler.
+        """
+        hidden = self.forward_cached(anchor_ids, cache, backend=backend)
+        base_logits = self.lm_head(hidden)
+        weights = self.markov_head.weights() if self.config.has_markov else None
+        tokens, draft_probs = sample_block(
+            base_logits, hidden, anchor_ids, uniforms, weights,
+            temperature=temperature, top_k=top_k, top_p=top_p, backend=backend,
+        )
+        out = DraftOutput(tokens, draft_probs)
+        if self.config.enable_confidence_head:
+            head = self.confidence_head
+            out.confidence_logits, out.confidence, out.survival = confidence_survival(
+                hidden,
+                head.proj.weight,
+                head.proj.bias,
+                previous_tokens(anchor_ids, tokens) if head.markov_rank else None,
+                self.markov_head.markov_w1.weight if head.markov_rank else None,
+                self.sts_temperatures,
+                backend=backend,
+            )
+        return out

@@ -1,0 +1,255 @@
+"""Sequential logit-bias heads (SPEC §3): vanilla Markov, gated Markov and RNN.
+
+The backbone drafts every slot in parallel; these heads restore the dependence of slot k on the token
+drafted at slot k−1 with a bias added to the base logits, ``p_k = softmax(U_k + B_k)``. Each ``p_k`` is an
+exact local softmax, which is what keeps rejection sampling lossless.
+
+Two uses:
+* training, teacher-forced: ``prev_ids = [anchor, x_1, …, x_{γ−1}]`` from the ground truth (SPEC §3.5);
+* inference, left to right: slot k's bias reads the token just sampled at slot k−1 (SPEC §3.4).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+from dspark._checks import check_sampling, check_tensor, check_token_range, check_uniforms
+from dspark.backend import resolve_backend
+from dspark.config import MARKOV_HEAD_TYPES
+from dspark.sampling import sample_from_probs, warp_logits
+
+
+class MarkovWeights(NamedTuple):
+    """The tensors of a sequential head, as the functional ops take them.
+
+    ``w1`` ``[V, r]`` embeds the previous token (target vocabulary); ``w2`` ``[V_draft, r]`` maps to draft
+    logits; ``gate_weight [r, d+r]``/``gate_bias [r]`` only for ``gated`` (input ``[h; W1[x]]``);
+    ``joint_weight [3r, 2r+d]``/``joint_bias [3r]`` only for ``rnn`` (input ``[s; W1[x]; h]``).
+    """
+
+    head_type: str
+    w1: torch.Tensor
+    w2: torch.Tensor
+    gate_weight: torch.Tensor | None = None
+    gate_bias: torch.Tensor | None = None
+    joint_weight: torch.Tensor | None = None
+    joint_bias: torch.Tensor | None = None
+
+    @property
+    def rank(self) -> int:
+        return self.w1.shape[1]
+
+
+def markov_step(
+    weights: MarkovWeights,
+    prev_ids: torch.Tensor,
+    hidden: torch.Tensor,
+    state: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Bias for one slot.
+
+    Args:
+        prev_ids: ``[N]`` previous tokens in the target vocabulary.
+        hidden: ``[N, d]`` the slot's backbone hidden state (read by gated and rnn heads).
+        state: ``[N, r]`` the RNN state ``s_{k−1}`` (``None`` for the first slot, meaning zeros).
+
+    Returns:
+        ``(bias [N, V_draft], new_state)``; ``new_state`` is ``None`` for stateless heads.
+    """
+    emb = weights.w1[prev_ids]
+    if weights.head_type == "vanilla":
+        return emb @ weights.w2.T, None
+    if weights.head_type == "gated":
+        gate = torch.sigmoid(torch.cat([hidden, emb], -1) @ weights.gate_weight.T + weights.gate_bias)
+        return (gate * emb) @ weights.w2.T, None
+    if state is None:
+        state = emb.new_zeros(emb.shape)
+    joint = torch.cat([state, emb, hidden], -1) @ weights.joint_weight.T + weights.joint_bias
+    gate, cand, out = joint.chunk(3, dim=-1)
+    gate = torch.sigmoid(gate)
+    new_state = gate * state + (1 - gate) * torch.tanh(cand)
+    # The bias reads s_{k-1} (through z_k), not the state it just produced.
+    return torch.tanh(out) @ weights.w2.T, new_state
+
+
+def teacher_forced_bias(weights: MarkovWeights, prev_ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+    """Markov bias for whole blocks at once, given the previous tokens.
+
+    Args:
+        prev_ids: ``[..., γ]`` target-vocabulary ids ``[x_0 (anchor), x_1, …, x_{γ−1}]``.
+        hidden: ``[..., γ, d]`` backbone hidden states.
+
+    Returns:
+        ``[..., γ, V_draft]`` bias to add to the base logits.
+    """
+    _check_weights(weights, hidden.shape[-1])
+    check_tensor("prev_ids", prev_ids, integer=True)
+    check_tensor("hidden", hidden, ndim=prev_ids.ndim + 1, floating=True)
+    if hidden.shape[:-1] != prev_ids.shape:
+        raise ValueError(f"hidden {tuple(hidden.shape)} must be prev_ids {tuple(prev_ids.shape)} plus a hidden dim")
+    check_token_range("prev_ids", prev_ids, weights.w1.shape[0])
+    if weights.head_type != "rnn":
+        return markov_step(weights, prev_ids.reshape(-1), hidden.reshape(-1, hidden.shape[-1]), None)[0].reshape(
+            *prev_ids.shape, -1
+        )
+    gamma = prev_ids.shape[-1]
+    flat_ids = prev_ids.reshape(-1, gamma)
+    flat_hidden = hidden.reshape(-1, gamma, hidden.shape[-1])
+    state = None
+    biases = []
+    for k in range(gamma):
+        bias, state = markov_step(weights, flat_ids[:, k], flat_hidden[:, k], state)
+        biases.append(bias)
+    return torch.stack(biases, 1).reshape(*prev_ids.shape, -1)
+
+
+def sample_block(
+    base_logits: torch.Tensor,
+    hidden: torch.Tensor,
+    anchor_ids: torch.Tensor,
+    uniforms: torch.Tensor,
+    weights: MarkovWeights | None,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    draft_to_target: torch.Tensor | None = None,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draft a block left to right: slot k samples from ``warp(U_k + B_k(x_{k−1}))`` (SPEC §3.4).
+
+    Args:
+        base_logits: ``[R, γ, V_draft]`` backbone logits ``U``.
+        hidden: ``[R, γ, d]`` backbone hidden states (used by gated and rnn heads).
+        anchor_ids: ``[R]`` the anchors ``x_0`` (target vocabulary), the previous token of slot 1.
+        uniforms: ``[R, γ]`` one draw in ``[0, 1)`` per slot (ignored when greedy).
+        weights: the sequential head, or ``None`` for no bias (the DFlash baseline).
+        temperature, top_k, top_p: as in :func:`dspark.sampling.warp_logits`; ``temperature=0`` is greedy.
+        draft_to_target: ``[V_draft]`` int64 map from draft ids to target ids, for a reduced draft vocabulary.
+        backend: ``auto`` | ``reference`` | ``torch`` | ``triton``.
+
+    Returns:
+        ``(tokens [R, γ] int64 in the draft vocabulary, draft_probs [R, γ, V_draft])``: the distribution
+        each token was actually drawn from, which the verifier needs.
+    """
+    _check_sample_block_inputs(base_logits, hidden, anchor_ids, uniforms, weights, draft_to_target)
+    check_sampling(temperature, top_k, top_p, base_logits.shape[-1])
+    backend = resolve_backend(backend, base_logits)
+    if backend == "reference":
+        from dspark.reference.markov import sample_block as reference_sample_block
+
+        return reference_sample_block(
+            base_logits, hidden, anchor_ids, uniforms, weights,
+            temperature=temperature, top_k=top_k, top_p=top_p, draft_to_target=draft_to_target,
+        )
+    if backend == "triton":
+        from dspark.kernels import markov_sample_block
+
+        return markov_sample_block(
+            base_logits, hidden, anchor_ids, uniforms, weights,
+            temperature=temperature, top_k=top_k, top_p=top_p, draft_to_target=draft_to_target,
+        )
+    gamma = base_logits.shape[1]
+    prev = anchor_ids
+    state = None
+    tokens, probs = [], []
+    for k in range(gamma):
+        logits = base_logits[:, k]
+        if weights is not None:
+            bias, state = markov_step(weights, prev, hidden[:, k], state)
+            logits = logits + bias
+        step_probs = warp_logits(logits, temperature, top_k, top_p)
+        step_tokens = sample_from_probs(step_probs, uniforms[:, k].to(step_probs.dtype))
+        tokens.append(step_tokens)
+        probs.append(step_probs)
+        prev = step_tokens if draft_to_target is None else draft_to_target[step_tokens]
+    return torch.stack(tokens, 1), torch.stack(probs, 1)
+
+
+def previous_tokens(anchor_ids: torch.Tensor, tokens: torch.Tensor, draft_to_target: torch.Tensor | None = None):
+    """``[R, γ]`` previous token of every slot in the target vocabulary: ``[x_0, x_1, …, x_{γ−1}]``."""
+    prev = tokens[:, :-1] if draft_to_target is None else draft_to_target[tokens[:, :-1]]
+    return torch.cat([anchor_ids[:, None], prev], 1)
+
+
+class MarkovHead(nn.Module):
+    """Sequential head with speculators' tensor names (``markov_w1``, ``markov_w2``, ``gate_proj``, ``joint_proj``).
+
+    Args:
+        vocab_size: V, rows of ``markov_w1`` (the target vocabulary, even with a reduced draft vocabulary).
+        draft_vocab_size: V_draft, outputs of ``markov_w2``.
+        rank: r.
+        head_type: ``vanilla`` | ``gated`` | ``rnn``.
+        hidden_size: d (gated and rnn read the backbone hidden state).
+    """
+
+    def __init__(self, vocab_size: int, draft_vocab_size: int, rank: int, head_type: str, hidden_size: int):
+        super().__init__()
+        if head_type not in MARKOV_HEAD_TYPES:
+            raise ValueError(f"head_type must be one of {MARKOV_HEAD_TYPES}, got {head_type!r}")
+        if rank < 1:
+            raise ValueError(f"a Markov head needs rank >= 1, got {rank}")
+        self.head_type = head_type
+        self.markov_w1 = nn.Embedding(vocab_size, rank)
+        self.markov_w2 = nn.Linear(rank, draft_vocab_size, bias=False)
+        if head_type == "gated":
+            self.gate_proj = nn.Linear(hidden_size + rank, rank)
+        if head_type == "rnn":
+            self.joint_proj = nn.Linear(2 * rank + hidden_size, 3 * rank)
+
+    def weights(self) -> MarkovWeights:
+        gate = getattr(self, "gate_proj", None)
+        joint = getattr(self, "joint_proj", None)
+        return MarkovWeights(
+            self.head_type,
+            self.markov_w1.weight,
+            self.markov_w2.weight,
+            gate.weight if gate is not None else None,
+            gate.bias if gate is not None else None,
+            joint.weight if joint is not None else None,
+            joint.bias if joint is not None else None,
+        )
+
+    def forward(self, prev_ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced bias ``[..., γ, V_draft]``; see :func:`teacher_forced_bias`."""
+        return teacher_forced_bias(self.weights(), prev_ids, hidden)
+
+
+def _check_weights(weights: MarkovWeights, hidden_size: int) -> None:
+    if weights.head_type not in MARKOV_HEAD_TYPES:
+        raise ValueError(f"head_type must be one of {MARKOV_HEAD_TYPES}, got {weights.head_type!r}")
+    rank = weights.rank
+    check_tensor("w1", weights.w1, ndim=2, floating=True)
+    check_tensor("w2", weights.w2, shape=(None, rank), floating=True)
+    if weights.head_type == "gated":
+        check_tensor("gate_weight", weights.gate_weight, shape=(rank, hidden_size + rank), floating=True)
+        check_tensor("gate_bias", weights.gate_bias, shape=(rank,), floating=True)
+    if weights.head_type == "rnn":
+        check_tensor("joint_weight", weights.joint_weight, shape=(3 * rank, 2 * rank + hidden_size), floating=True)
+        check_tensor("joint_bias", weights.joint_bias, shape=(3 * rank,), floating=True)
+
+
+def _check_sample_block_inputs(base_logits, hidden, anchor_ids, uniforms, weights, draft_to_target) -> None:
+    check_tensor("base_logits", base_logits, ndim=3, floating=True, finite=True)
+    num_requests, gamma, draft_vocab = base_logits.shape
+    check_tensor("hidden", hidden, shape=(num_requests, gamma, None), floating=True, finite=True)
+    check_tensor("anchor_ids", anchor_ids, shape=(num_requests,), integer=True)
+    check_tensor("uniforms", uniforms, shape=(num_requests, gamma), floating=True)
+    check_uniforms("uniforms", uniforms)
+    if draft_to_target is not None:
+        check_tensor("draft_to_target", draft_to_target, shape=(draft_vocab,), integer=True)
+    if weights is not None:
+        _check_weights(weights, hidden.shape[-1])
+        if weights.w2.shape[0] != draft_vocab:
+            raise ValueError(
+                f"vocabulary mismatch: base_logits have {draft_vocab} draft logits but w2 outputs {weights.w2.shape[0]}"
+            )
+        if draft_to_target is None and weights.w1.shape[0] != draft_vocab:
+            raise ValueError(
+                f"w1 indexes {weights.w1.shape[0]} target tokens but the draft vocabulary has {draft_vocab}: "
+                "pass draft_to_target to map draft ids into the target vocabulary"
+            )
+        check_token_range("anchor_ids", anchor_ids, weights.w1.shape[0])

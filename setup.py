@@ -1,0 +1,25 @@
+"""Install dspark.
+
+``reference/`` and ``kernels/`` live at the top level of the repository (the layout the user asked for)
+but install as ``dspark.reference`` and ``dspark.kernels``, so nothing generic lands in site-packages.
+"""
+
+from setuptools import setup
+
+setup(
+    name="dspark",
+    version="0.1.0",
+    description="DSpark speculative decoding: block drafter, Markov head, confidence head and scheduler, "
+    "each as a reference oracle, a PyTorch module and a fused Triton kernel.",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=["dspark", "dspark.reference", "dspark.kernels"],
+    package_dir={"dspark": "dspark", "dspark.reference": "reference", "dspark.kernels": "kernels"},
+    # CI installs torch==2.13.0 (a CPU build) first; any range it satisfies adds no download.
+    install_requires=["torch>=2.4", "triton>=3.6", "einops>=0.8", "numpy>=1.26"],
+    extras_require={
+        "dev": ["pytest>=8", "hypothesis>=6.100", "pytest-benchmark>=4.0"],
+    },
+    entry_points={"console_scripts": ["dspark=dspark.__main__:main"]},
+)

@@ -1,0 +1,165 @@
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dspark import BlockBackbone, DSparkDrafter
+from dspark.reference.backbone import draft_forward
+from dspark.testing import assert_close, assert_close_float64, randomize_, tiny_config
+
+
+def make_backbone(seed=0, dtype=torch.float64, **overrides):
+    config = tiny_config(**overrides)
+    return randomize_(BlockBackbone(config), seed).to(dtype), config
+
+
+def feature_inputs(config, batch, seq, blocks, seed, dtype=torch.float64):
+    gen = torch.Generator().manual_seed(seed)
+    features = torch.randn(batch, seq, config.num_taps * config.target_hidden_size, generator=gen, dtype=dtype)
+    anchor_ids = torch.randint(0, config.vocab_size, (batch, blocks), generator=gen)
+    anchor_pos = torch.randint(0, seq + 1, (batch, blocks), generator=gen)
+    return features, anchor_ids, anchor_pos
+
+
+@given(
+    qk_norm=st.booleans(),
+    block_size=st.integers(1, 4),
+    kv_heads=st.sampled_from([1, 2, 4]),
+    seq=st.integers(0, 7),
+    blocks=st.integers(1, 3),
+    seed=st.integers(0, 2**20),
+)
+def test_training_forward_matches_reference(qk_norm, block_size, kv_heads, seq, blocks, seed):
+    model, config = make_backbone(seed, qk_norm=qk_norm, block_size=block_size, num_key_value_heads=kv_heads)
+    features, anchor_ids, anchor_pos = feature_inputs(config, 2, seq, blocks, seed)
+    valid = torch.rand(2, blocks, generator=torch.Generator().manual_seed(seed)) < 0.8
+    with torch.no_grad():
+        h = model(anchor_ids, anchor_pos, features, valid)
+    want = draft_forward(model.state_dict(), config, anchor_ids, anchor_pos, features, valid)
+    assert_close_float64(h[valid], want[valid], name="hidden states of valid blocks")
+
+
+@given(seed=st.integers(0, 2**20), blocks=st.integers(2, 4))
+def test_block_never_sees_context_at_or_after_its_anchor_nor_other_blocks(seed, blocks):
+    model, config = make_backbone(seed)
+    seq = 8
+    features, anchor_ids, anchor_pos = feature_inputs(config, 1, seq, blocks, seed)
+    with torch.no_grad():
+        base = model(anchor_ids, anchor_pos, features)
+        for n in range(blocks):
+            a = int(anchor_pos[0, n])
+            later = features.clone()
+            later[:, a:] = torch.randn_like(later[:, a:]) * 3
+            assert torch.equal(model(anchor_ids, anchor_pos, later)[0, n], base[0, n]), (
+                f"block {n} changed when context rows >= its anchor {a} changed"
+            )
+            others = anchor_ids.clone()
+            others[0, torch.arange(blocks) != n] = (others[0, torch.arange(blocks) != n] + 1) % config.vocab_size
+            moved = anchor_pos.clone()
+            moved[0, torch.arange(blocks) != n] = seq - moved[0, torch.arange(blocks) != n]
+            assert torch.equal(model(others, moved, features)[0, n], base[0, n]), (
+                f"block {n} changed when other blocks' tokens or positions changed"
+            )
+            if a > 0:
+                earlier = features.clone()
+                earlier[:, a - 1] += 1
+                assert not torch.allclose(model(anchor_ids, anchor_pos, earlier)[0, n], base[0, n]), (
+                    f"block {n} ignores the context row just before its anchor"
+                )
+
+
+def test_cache_equals_full_recomputation_over_rounds():
+    """Append ragged rows, draft, crop, append again: every round equals the training-layout pass."""
+    model, config = make_backbone(3)
+    batch, seq = 3, 12
+    gen = torch.Generator().manual_seed(4)
+    features = torch.randn(batch, seq, config.num_taps * config.hidden_size, generator=gen, dtype=torch.float64)
+    tokens = torch.randint(0, config.vocab_size, (batch, seq + 1), generator=gen)
+    cache = model.new_cache(batch, capacity=2, dtype=torch.float64)
+    lengths = torch.zeros(batch, dtype=torch.long)
+    schedule = [[1, 0, 3], [4, 2, 0], [0, 5, 2], [2, 1, 4]]
+    for round_index, num_new in enumerate(schedule):
+        num_new = torch.tensor(num_new)
+        chunk = torch.stack([torch.nn.functional.pad(features[b, lengths[b]:lengths[b] + num_new[b]],
+                                                     (0, 0, 0, int(num_new.max() - num_new[b]))) for b in range(batch)])
+        model.extend_cache(cache, chunk, num_new)
+        lengths = lengths + num_new
+        assert torch.equal(cache.lengths, lengths)
+        anchors = tokens[torch.arange(batch), lengths]
+        with torch.no_grad():
+            cached = model.forward_cached(anchors, cache)
+            full = model(anchors[:, None], lengths[:, None], features)[:, 0]
+        assert_close_float64(cached, full, name=f"round {round_index}")
+        if round_index == 1:
+            lengths = lengths - torch.tensor([1, 0, 2])
+            cache.crop(lengths)
+
+
+def test_padding_block_changes_nothing_in_valid_blocks():
+    model, config = make_backbone(5)
+    features, anchor_ids, anchor_pos = feature_inputs(config, 1, 6, 3, 5)
+    valid = torch.tensor([[True, False, True]])
+    with torch.no_grad():
+        a = model(anchor_ids, anchor_pos, features, valid)
+        anchor_ids[0, 1] = (anchor_ids[0, 1] + 3) % config.vocab_size
+        b = model(anchor_ids, anchor_pos, features, valid)
+    assert torch.equal(a[valid], b[valid])
+
+
+def test_float32_forward_close_to_float64_reference():
+    model64, config = make_backbone(7)
+    model32 = BlockBackbone(config)
+    model32.load_state_dict({k: v.float() for k, v in model64.state_dict().items()})
+    features, anchor_ids, anchor_pos = feature_inputs(config, 1, 6, 2, 7)
+    with torch.no_grad():
+        h32 = model32(anchor_ids, anchor_pos, features.float())
+    want = draft_forward(model64.state_dict(), config, anchor_ids, anchor_pos, features)
+    # Two layers of O(1) activations in fp32 (eps 1.2e-7) through d=12 reductions and norms: ~1e-6.
+    assert_close(h32, want, rtol=2e-5, atol=2e-5, name="fp32 hidden")
+
+
+def test_speculators_parameter_names():
+    model = DSparkDrafter(tiny_config(markov_head_type="rnn"))
+    names = set(model.state_dict())
+    for expected in ["fc.weight", "hidden_norm.weight", "norm.weight", "lm_head.weight", "embed_tokens.weight",
+                     "layers.0.self_attn.q_proj.weight", "layers.1.self_attn.k_norm.weight",
+                     "layers.0.mlp.down_proj.weight", "layers.0.input_layernorm.weight",
+                     "markov_head.markov_w1.weight", "markov_head.markov_w2.weight", "markov_head.joint_proj.bias",
+                     "confidence_head.proj.weight", "confidence_head.proj.bias"]:
+        assert expected in names, expected
+    assert not model.embed_tokens.weight.requires_grad and not model.lm_head.weight.requires_grad
+
+
+def test_drafter_training_logits_align_with_inference_draft():
+    """Teacher-forced logits at the drafted tokens equal the distributions the inference path samples."""
+    config = tiny_config(markov_head_type="gated")
+    model = randomize_(DSparkDrafter(config), 9).double()
+    batch, seq = 2, 7
+    gen = torch.Generator().manual_seed(10)
+    features = torch.randn(batch, seq, config.num_taps * config.hidden_size, generator=gen, dtype=torch.float64)
+    anchors = torch.randint(0, config.vocab_size, (batch,), generator=gen)
+    cache = model.new_cache(batch, dtype=torch.float64)
+    model.extend_cache(cache, features, torch.full((batch,), seq))
+    out = model.draft(anchors, cache, torch.rand(batch, config.block_size, generator=gen, dtype=torch.float64))
+    logits, conf = model.training_logits(anchors[:, None], torch.full((batch, 1), seq), features,
+                                         out.tokens[:, None, :-1])
+    assert_close_float64(out.draft_probs, torch.softmax(logits[:, 0], -1).detach(), name="draft probs")
+    assert_close_float64(out.confidence_logits, conf[:, 0].detach(), name="confidence logits")
+    assert_close_float64(out.survival, torch.sigmoid(conf[:, 0]).cumprod(-1).detach(), name="survival")
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda m, f: m(torch.zeros(1, 2, dtype=torch.long), torch.tensor([[0, 9]]), f), "anchor_pos must lie"),
+        (lambda m, f: m(torch.full((1, 2), 40), torch.zeros(1, 2, dtype=torch.long), f), "anchor_ids"),
+        (lambda m, f: m(torch.zeros(1, 2, dtype=torch.long), torch.zeros(1, 2, dtype=torch.long), f[..., :-1]),
+         "taps"),
+        (lambda m, f: m.extend_cache(m.new_cache(1), f.float(), torch.tensor([7])), "num_new"),
+    ],
+)
+def test_bad_backbone_input_raises(call, message):
+    model, config = make_backbone(0)
+    features = torch.zeros(1, 6, config.num_taps * config.hidden_size, dtype=torch.float64)
+    with pytest.raises(ValueError, match=message):
+        call(model, features)

@@ -1,0 +1,37 @@
+"""The install-and-test contract: README's commands, .ci/run, and an import that stays light."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _readme_commands() -> list[str]:
+    return re.findall(r"```bash\n(.*?)\n```", (ROOT / "README.md").read_text(encoding="utf-8"), re.S)
+
+
+def test_ci_runs_exactly_the_readme_test_command():
+    ci_lines = [line for line in (ROOT / ".ci/run").read_text().splitlines() if line and not line.startswith("#")]
+    commands = _readme_commands()
+    assert len(commands) >= 2, "README must show an install-and-run command and a test command"
+    test_command = commands[1].strip()
+    assert ci_lines[-1] == test_command, f".ci/run ends with {ci_lines[-1]!r}, README says {test_command!r}"
+
+
+def test_import_dspark_does_not_import_triton_or_touch_cuda():
+    code = (
+        "import sys, dspark, dspark.reference.markov;"
+        "assert 'triton' not in sys.modules, 'import dspark imported triton';"
+        "import torch; assert not torch.cuda.is_initialized(), 'import dspark initialised CUDA'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT.parent)
+
+
+def test_reference_and_kernels_install_under_dspark():
+    import dspark.kernels
+    import dspark.reference
+
+    assert Path(dspark.reference.__file__).parent == ROOT / "reference"
+    assert Path(dspark.kernels.__file__).parent == ROOT / "kernels"
