@@ -6,15 +6,39 @@
 from dspark.attention import block_attention
 from dspark.backbone import BlockBackbone, ContextCache
 from dspark.backend import resolve_backend
+from dspark.calibration import calibration_report, fit_sts
 from dspark.confidence import ConfidenceHead, confidence_survival, confidence_target
 from dspark.config import DSparkConfig, uniform_tap_layers
 from dspark.drafter import DraftOutput, DSparkDrafter
 from dspark.markov import MarkovHead, MarkovWeights, sample_block, teacher_forced_bias
+from dspark.metrics import AcceptanceStats
 from dspark.sampling import sample_from_probs, warp_logits
+from dspark.scheduler import (
+    FixedLength,
+    PrefixScheduler,
+    ProductionScheduler,
+    SPSTable,
+    Threshold,
+    allocate_top_k,
+    schedule_greedy,
+)
+from dspark.verify import VerifyOutput, verify
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AcceptanceStats",
+    "FixedLength",
+    "PrefixScheduler",
+    "ProductionScheduler",
+    "SPSTable",
+    "Threshold",
+    "VerifyOutput",
+    "allocate_top_k",
+    "calibration_report",
+    "fit_sts",
+    "schedule_greedy",
+    "verify",
     "BlockBackbone",
     "ConfidenceHead",
     "ContextCache",

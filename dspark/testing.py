@@ -139,3 +139,21 @@ def assert_within_reference_error(
             f"{name}: max error {err:.3e} against the float64 oracle exceeds {factor}x PyTorch's own error "
             f"({base:.3e}) + floor ({floor * scale:.3e})"
         )
+
+
+def chi_square_pvalue(counts: torch.Tensor, expected_probs: torch.Tensor) -> float:
+    """Pearson goodness-of-fit p-value of observed ``counts`` against ``expected_probs`` (same shape).
+
+    Cells of zero expected probability must be empty (else the p-value is 0: an impossible outcome
+    occurred); they add no degrees of freedom.
+    """
+    counts, probs = counts.double().flatten(), expected_probs.double().flatten()
+    n = counts.sum()
+    impossible = probs <= 0
+    if bool((counts[impossible] > 0).any()):
+        return 0.0
+    counts, probs = counts[~impossible], probs[~impossible] / probs[~impossible].sum()
+    expected = n * probs
+    stat = ((counts - expected) ** 2 / expected).sum()
+    dof = torch.tensor(float(counts.numel() - 1), dtype=torch.float64)
+    return float(torch.special.gammaincc(dof / 2, stat / 2))

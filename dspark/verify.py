@@ -1,0 +1,153 @@
+"""Lossless verification (SPEC §6): batched rejection sampling with a ragged verify length per request.
+
+Request r proposed ``verify_len[r] = ℓ`` drafted tokens ``x_1..x_ℓ`` drawn from ``draft_probs``; the target
+ran on ``[x_0, x_1..x_ℓ]`` and returned ``target_probs[r, 0..ℓ]`` (position k predicts the token after
+``x_k``). For k = 1..ℓ, ``x_k`` is accepted iff ``u_k · q_k(x_k) < p_{k−1}(x_k)`` — the division-free form of
+``u_k < min(1, p/q)``. After the first rejection at slot n+1 a correction is drawn from
+``norm(max(0, p_n − q_{n+1}))``; if all ℓ pass, a bonus is drawn from ``p_ℓ``. Either way the output is
+distributed exactly as the target's own samples. Greedy decoding is the same code with one-hot
+distributions (``warp_logits(…, temperature=0)``): accept iff ``x_k`` is the target's argmax.
+
+An accepted EOS ends the request there: no correction and no bonus (SPEC §6 step 6).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dspark._checks import check_tensor, check_token_range, check_uniforms
+from dspark.backend import resolve_backend
+from dspark.sampling import sample_from_probs
+
+# Below this mass the residual max(0, p − q) is rounding noise: draw from p instead. A rejection happens
+# with probability TV(p, q) = residual mass, so the fallback moves the output distribution by < 1e-6.
+RESIDUAL_EPS = 1e-6
+
+NOT_REACHED, REJECTED, ACCEPTED = -1, 0, 1
+
+
+@dataclass
+class VerifyOutput:
+    """Result of one verification round.
+
+    Attributes:
+        num_accepted: ``[R]`` accepted drafted tokens n (up to and including an accepted EOS).
+        outcome: ``[R, γ]`` int8 per slot: 1 accepted, 0 the rejected slot, −1 not reached or not verified.
+        next_token: ``[R]`` the correction or bonus token (the next anchor); −1 when an accepted EOS ended
+            the request.
+        committed: ``[R, γ+1]`` tokens to append, ``[x_1..x_n, next_token]``, padded with −1.
+        num_committed: ``[R]`` n + 1, or n when an accepted EOS ended the request (τ of the round).
+        finished: ``[R]`` bool: an EOS was accepted or emitted as the next token.
+    """
+
+    num_accepted: torch.Tensor
+    outcome: torch.Tensor
+    next_token: torch.Tensor
+    committed: torch.Tensor
+    num_committed: torch.Tensor
+    finished: torch.Tensor
+
+
+def verify(
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor,
+    target_probs: torch.Tensor,
+    verify_len: torch.Tensor,
+    accept_uniforms: torch.Tensor,
+    final_uniforms: torch.Tensor,
+    *,
+    eos_token_id: int | None = None,
+    backend: str = "auto",
+) -> VerifyOutput:
+    """Rejection-sample a batch of drafted blocks against the target (SPEC §6).
+
+    Args:
+        draft_tokens: ``[R, γ]`` int64 drafted tokens.
+        draft_probs: ``[R, γ, V]`` the distributions they were drawn from (after temperature/top-k/top-p).
+        target_probs: ``[R, γ+1, V]`` target distributions at the verify positions; rows past
+            ``verify_len[r]`` are ignored.
+        verify_len: ``[R]`` ℓ_r in ``[0, γ]``: how many drafted tokens request r sends.
+        accept_uniforms: ``[R, γ]`` draws in ``[0, 1)`` for the acceptance tests.
+        final_uniforms: ``[R]`` one draw in ``[0, 1)`` for the correction or bonus token.
+        eos_token_id: accepted EOS ends a request without a bonus.
+        backend: ``auto`` | ``reference`` | ``torch`` | ``triton``.
+    """
+    _check_inputs(draft_tokens, draft_probs, target_probs, verify_len, accept_uniforms, final_uniforms)
+    backend = resolve_backend(backend, draft_probs)
+    if backend == "reference":
+        from dspark.reference.verify import verify as reference_verify
+
+        return reference_verify(draft_tokens, draft_probs, target_probs, verify_len, accept_uniforms,
+                                final_uniforms, eos_token_id=eos_token_id)
+    if backend == "triton":
+        from dspark.kernels import verify as triton_verify
+
+        return triton_verify(draft_tokens, draft_probs, target_probs, verify_len, accept_uniforms,
+                             final_uniforms, eos_token_id=eos_token_id)
+    return _verify_torch(draft_tokens, draft_probs, target_probs, verify_len, accept_uniforms, final_uniforms,
+                         eos_token_id)
+
+
+def _verify_torch(draft_tokens, draft_probs, target_probs, verify_len, accept_uniforms, final_uniforms, eos):
+    num_requests, gamma, _ = draft_probs.shape
+    rows = torch.arange(num_requests, device=draft_probs.device)
+    slots = torch.arange(gamma, device=draft_probs.device)
+    compute = torch.promote_types(draft_probs.dtype, torch.float32)
+    q = draft_probs.gather(-1, draft_tokens[..., None]).squeeze(-1).to(compute)
+    p = target_probs[:, :gamma].gather(-1, draft_tokens[..., None]).squeeze(-1).to(compute)
+    passed = (accept_uniforms.to(compute) * q < p) & (slots < verify_len[:, None])
+    accepted = passed.to(torch.int64).cumprod(-1).bool()
+    ended_by_eos = torch.zeros_like(accepted[:, 0])
+    if eos is not None:
+        # Nothing after an accepted EOS counts: keep slots up to and including the first one.
+        accepted_eos = (draft_tokens == eos) & accepted
+        accepted = accepted & ((accepted_eos.cumsum(-1) - accepted_eos.long()) == 0)
+        ended_by_eos = accepted_eos.any(-1)
+    num_accepted = accepted.sum(-1)
+    rejected = (num_accepted < verify_len) & ~ended_by_eos
+
+    outcome = torch.full((num_requests, gamma), NOT_REACHED, dtype=torch.int8, device=draft_probs.device)
+    outcome[accepted] = ACCEPTED
+    reject_slot = num_accepted.clamp(max=gamma - 1)
+    outcome[rows[rejected], reject_slot[rejected]] = REJECTED
+
+    target_row = target_probs[rows, num_accepted].to(compute)  # p_n: predicts the token after x_n
+    draft_row = draft_probs[rows, reject_slot].to(compute)
+    residual = (target_row - draft_row).clamp(min=0)
+    use_residual = rejected & (residual.sum(-1) > RESIDUAL_EPS)
+    final_dist = torch.where(use_residual[:, None], residual, target_row)
+    next_token = sample_from_probs(final_dist, final_uniforms.to(compute))
+    next_token = torch.where(ended_by_eos, torch.full_like(next_token, -1), next_token)
+
+    committed = torch.full((num_requests, gamma + 1), -1, dtype=torch.long, device=draft_probs.device)
+    committed[:, :gamma] = torch.where(accepted, draft_tokens, committed[:, :gamma])
+    committed[rows, num_accepted] = torch.where(ended_by_eos, committed[rows, num_accepted], next_token)
+    num_committed = num_accepted + (~ended_by_eos).to(num_accepted.dtype)
+    finished = ended_by_eos if eos is None else ended_by_eos | (next_token == eos)
+    return VerifyOutput(num_accepted, outcome, next_token, committed, num_committed, finished)
+
+
+def _check_inputs(draft_tokens, draft_probs, target_probs, verify_len, accept_uniforms, final_uniforms) -> None:
+    check_tensor("draft_probs", draft_probs, ndim=3, floating=True, finite=True)
+    num_requests, gamma, vocab = draft_probs.shape
+    if gamma < 1:
+        raise ValueError(f"draft_probs must have at least one block slot, got shape {tuple(draft_probs.shape)}")
+    check_tensor("draft_tokens", draft_tokens, shape=(num_requests, gamma), integer=True)
+    check_tensor("target_probs", target_probs, shape=(num_requests, gamma + 1, None), floating=True, finite=True)
+    if target_probs.shape[-1] != vocab:
+        raise ValueError(
+            f"vocabulary mismatch: draft_probs have {vocab} entries per row, target_probs {target_probs.shape[-1]}; "
+            "scatter a reduced draft vocabulary into the target's before verifying"
+        )
+    check_tensor("verify_len", verify_len, shape=(num_requests,), integer=True)
+    check_tensor("accept_uniforms", accept_uniforms, shape=(num_requests, gamma), floating=True)
+    check_tensor("final_uniforms", final_uniforms, shape=(num_requests,), floating=True)
+    check_uniforms("accept_uniforms", accept_uniforms)
+    check_uniforms("final_uniforms", final_uniforms)
+    check_token_range("draft_tokens", draft_tokens, vocab)
+    if verify_len.numel() and (int(verify_len.min()) < 0 or int(verify_len.max()) > gamma):
+        raise ValueError(f"verify_len must lie in [0, {gamma}], got {verify_len.tolist()}")
+    if bool((draft_probs < 0).any()) or bool((target_probs < 0).any()):
+        raise ValueError("draft_probs and target_probs must be non-negative probabilities")
