@@ -271,10 +271,11 @@ class BlockBackbone(nn.Module):
         positions = cache.lengths[:, None] + offsets  # [B, n_max]
         keep = offsets < num_new[:, None]
         rows, cols = keep.nonzero(as_tuple=True)
-        for layer_index, layer in enumerate(self.layers):
+        slots = positions[rows, cols]
+        for layer, key_store, value_store in zip(self.layers, cache.keys, cache.values):
             keys, values = layer.self_attn.context_kv(ctx_hidden, positions)
-            cache.keys[layer_index][rows, positions[rows, cols]] = keys[rows, cols].to(cache.keys[layer_index].dtype)
-            cache.values[layer_index][rows, positions[rows, cols]] = values[rows, cols].to(cache.values[layer_index].dtype)
+            key_store[rows, slots] = keys[rows, cols].to(key_store.dtype)
+            value_store[rows, slots] = values[rows, cols].to(value_store.dtype)
         cache.lengths = cache.lengths + num_new
 
     def forward_cached(self, anchor_ids: torch.Tensor, cache: ContextCache, *, backend: str = "auto") -> torch.Tensor:

@@ -36,7 +36,6 @@ def expected_calibration_error(pred: torch.Tensor, label: torch.Tensor, bins: in
     pred = pred.double().clamp(PROB_CLAMP, 1 - PROB_CLAMP)
     label = label.double()
     index = (pred * bins).long().clamp(max=bins - 1)
-    count = torch.zeros(bins, dtype=torch.float64).index_add_(0, index, torch.ones_like(pred))
     pred_sum = torch.zeros(bins, dtype=torch.float64).index_add_(0, index, pred)
     label_sum = torch.zeros(bins, dtype=torch.float64).index_add_(0, index, label)
     return (pred_sum - label_sum).abs().sum() / pred.numel()

@@ -127,7 +127,8 @@ class DSparkConfig:
             if not -1 <= tap < last:
                 raise ValueError(
                     f"tap {tap} out of range: taps must lie in [-1, {last - 1}] for a {self.num_target_layers}-layer "
-                    f"target (-1 is the embedding output; the last layer {last} feeds the final norm and is never tapped)"
+                    f"target (-1 is the embedding output; the last layer {last} feeds the final norm and is "
+                    "never tapped)"
                 )
         if self.markov_head_type not in MARKOV_HEAD_TYPES:
             raise ValueError(f"markov_head_type must be one of {MARKOV_HEAD_TYPES}, got {self.markov_head_type!r}")
@@ -149,7 +150,9 @@ class DSparkConfig:
                 "next-token style from the anchor (SPEC §2.1)"
             )
         if self.rope_theta <= 0 or self.rms_norm_eps <= 0:
-            raise ValueError(f"rope_theta and rms_norm_eps must be positive, got {self.rope_theta}, {self.rms_norm_eps}")
+            raise ValueError(
+                f"rope_theta and rms_norm_eps must be positive, got {self.rope_theta}, {self.rms_norm_eps}"
+            )
 
     @property
     def num_taps(self) -> int:

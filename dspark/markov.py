@@ -137,7 +137,10 @@ def sample_block(
     """
     _check_sample_block_inputs(base_logits, hidden, anchor_ids, uniforms, weights, draft_to_target)
     check_sampling(temperature, top_k, top_p, base_logits.shape[-1])
+    explicit = backend == "triton"
     backend = resolve_backend(backend, base_logits)
+    if backend == "triton" and not explicit and weights is not None and weights.head_type != "vanilla":
+        backend = "torch"  # the fused sampler covers vanilla heads only (kernels/markov.py says why)
     if backend == "reference":
         from dspark.reference.markov import sample_block as reference_sample_block
 

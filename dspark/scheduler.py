@@ -133,8 +133,11 @@ def profile_sps(
 
 
 def survival_of(confidence: torch.Tensor) -> torch.Tensor:
-    """``a_{r,j} = Π_{i≤j} c_{r,i}`` in float64."""
-    return confidence.double().cumprod(-1)
+    """``a_{r,j} = Π_{i≤j} c_{r,i}`` in float64, multiplied left to right on the CPU.
+
+    The order is fixed so that equal inputs give bit-equal survivals on every backend: ties decide groups.
+    """
+    return confidence.detach().double().cpu().cumprod(-1)
 
 
 def _ranked_groups(survival: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor):
@@ -206,7 +209,7 @@ def schedule_greedy(
         return triton_schedule_greedy(confidence, sps, valid_len, early_stop=early_stop, min_len=min_len,
                                       max_len=max_len, base_tokens=base_tokens)
     device = confidence.device
-    survival = survival_of(confidence).cpu()
+    survival = survival_of(confidence)
     num_requests = survival.shape[0]
     lo, hi = _bounds(survival, valid_len, min_len, max_len)
     slots = torch.arange(1, survival.shape[1] + 1)
@@ -259,7 +262,7 @@ def allocate_top_k(
 
         return triton_allocate_top_k(confidence, budget, valid_len, min_len=min_len, max_len=max_len)
     device = confidence.device
-    survival = survival_of(confidence).cpu()
+    survival = survival_of(confidence)
     lo, hi = _bounds(survival, valid_len, min_len, max_len)
     room = budget - int(lo.sum())
     requests, _, group, new_group = _ranked_groups(survival, lo, hi)

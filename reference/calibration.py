@@ -68,7 +68,8 @@ def fit_sts(logits, verified, accepted, grid, bins=ECE_BINS):
                 break
             err = ece(preds, labels, bins)
             better = best_err is None or err < best_err - 1e-12
-            tie_closer = best_err is not None and abs(err - best_err) <= 1e-12 and abs(math.log(t)) < abs(math.log(best_t))
+            tied = best_err is not None and abs(err - best_err) <= 1e-12
+            tie_closer = tied and abs(math.log(t)) < abs(math.log(best_t))
             if better or tie_closer:
                 best_t, best_err = t, err if better else best_err
         temperatures[k] = best_t

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-
 from dspark.reference.sampling import sample_row, warp_row
 
 

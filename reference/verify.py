@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import torch
-
 from dspark.reference.sampling import sample_row
+
 from dspark.verify import ACCEPTED, NOT_REACHED, REJECTED, RESIDUAL_EPS, VerifyOutput
 
 

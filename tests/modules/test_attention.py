@@ -1,31 +1,10 @@
 import pytest
 import torch
 from hypothesis import given
-from hypothesis import strategies as st
 
 from dspark.attention import block_attention
 from dspark.testing import assert_close_float64, assert_within_reference_error
-
-
-@st.composite
-def attention_inputs(draw, dtype=torch.float64):
-    batch, blocks, gamma = draw(st.integers(1, 2)), draw(st.integers(1, 3)), draw(st.integers(1, 4))
-    kv_heads, group = draw(st.integers(1, 2)), draw(st.integers(1, 3))
-    head_dim, ctx = draw(st.sampled_from([2, 4, 6])), draw(st.integers(0, 9))
-    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31)))
-
-    def rand(*shape):
-        return torch.randn(*shape, generator=gen, dtype=torch.float64).to(dtype)
-
-    return dict(
-        q=rand(batch, blocks, gamma, kv_heads * group, head_dim),
-        k_ctx=rand(batch, ctx, kv_heads, head_dim),
-        v_ctx=rand(batch, ctx, kv_heads, head_dim),
-        k_blk=rand(batch, blocks, gamma, kv_heads, head_dim),
-        v_blk=rand(batch, blocks, gamma, kv_heads, head_dim),
-        ctx_len=torch.randint(0, ctx + 1, (batch, blocks), generator=gen),
-        block_valid=torch.rand(batch, blocks, generator=gen) < 0.8,
-    )
+from tests.strategies import attention_inputs
 
 
 @given(inputs=attention_inputs())

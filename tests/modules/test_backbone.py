@@ -1,10 +1,10 @@
 import pytest
 import torch
+from dspark.reference.backbone import draft_forward
 from hypothesis import given
 from hypothesis import strategies as st
 
 from dspark import BlockBackbone, DSparkDrafter
-from dspark.reference.backbone import draft_forward
 from dspark.testing import assert_close, assert_close_float64, randomize_, tiny_config
 
 

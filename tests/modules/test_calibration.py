@@ -1,5 +1,6 @@
 import pytest
 import torch
+from dspark.reference import calibration as ref
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -12,7 +13,6 @@ from dspark.calibration import (
     fit_sts,
     survival_from_logits,
 )
-from dspark.reference import calibration as ref
 
 
 @given(n=st.integers(0, 40), seed=st.integers(0, 2**31), ties=st.booleans())

@@ -1,10 +1,10 @@
 import pytest
 import torch
+from dspark.reference import confidence as ref
 from hypothesis import given
 from hypothesis import strategies as st
 
 from dspark.confidence import ConfidenceHead, confidence_survival, confidence_target
-from dspark.reference import confidence as ref
 from dspark.testing import assert_close_float64
 
 

@@ -1,10 +1,10 @@
 import pytest
 import torch
+from dspark.reference import markov as ref
 from hypothesis import given
 from hypothesis import strategies as st
 
 from dspark.markov import MarkovHead, markov_step, sample_block, teacher_forced_bias
-from dspark.reference import markov as ref
 from dspark.testing import assert_close, assert_close_float64, assert_equal, random_markov_weights
 
 HEAD_TYPES = ["vanilla", "gated", "rnn"]
@@ -56,7 +56,6 @@ def test_float32_module_stays_close_to_float64_reference():
     weights32 = weights64._replace(**{k: getattr(weights64, k).float() for k in
                                       ("w1", "w2", "joint_weight", "joint_bias")})
     gen = torch.Generator().manual_seed(4)
-    base = torch.randn(3, 6, 50, generator=gen, dtype=torch.float64)
     h = torch.randn(3, 6, 16, generator=gen, dtype=torch.float64)
     prev = torch.randint(0, 50, (3, 6), generator=gen)
     # fp32 rounding of O(10) magnitudes through rank-8 and 3r x (2r+d) products: ~1e-6 relative.

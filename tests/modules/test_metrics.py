@@ -2,11 +2,11 @@ import math
 
 import pytest
 import torch
+from dspark.reference.metrics import acceptance_metrics
 from hypothesis import given
 from hypothesis import strategies as st
 
 from dspark.metrics import AcceptanceStats
-from dspark.reference.metrics import acceptance_metrics
 
 
 @given(rounds=st.integers(1, 30), gamma=st.integers(1, 6), seed=st.integers(0, 2**31), split=st.integers(0, 30))

@@ -1,9 +1,9 @@
 import pytest
 import torch
+from dspark.reference.sampling import sample_row, warp_row
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dspark.reference.sampling import sample_row, warp_row
 from dspark.sampling import sample_from_probs, warp_logits
 from dspark.testing import assert_close_float64, assert_equal
 

@@ -17,27 +17,7 @@ from dspark.scheduler import (
     survival_of,
 )
 from dspark.testing import assert_equal
-
-
-@st.composite
-def schedule_inputs(draw, ties=False):
-    requests, gamma = draw(st.integers(1, 6)), draw(st.integers(1, 5))
-    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31)))
-    if ties:  # few distinct values, duplicated rows: many exactly equal survivals
-        levels = torch.tensor([0.0, 0.5, 0.9, 1.0], dtype=torch.float64)
-        confidence = levels[torch.randint(0, 4, (requests, gamma), generator=gen)]
-        half = requests // 2
-        confidence[requests - half:] = confidence[:half].clone()
-    else:
-        confidence = torch.rand(requests, gamma, generator=gen, dtype=torch.float64)
-    valid_len = torch.randint(0, gamma + 1, (requests,), generator=gen) if draw(st.booleans()) else None
-    fixed = draw(st.floats(0.2, 2.0))
-    per_token = draw(st.floats(0.01, 0.5))
-    base = draw(st.integers(0, 3))
-    sps = SPSTable.linear(fixed, per_token, base + requests * (gamma + 1) + draw(st.integers(-requests, 2)))
-    min_len = draw(st.integers(0, 1))
-    max_len = draw(st.one_of(st.none(), st.integers(min_len, gamma)))
-    return confidence, sps, valid_len, dict(min_len=min_len, max_len=max_len, base_tokens=base)
+from tests.strategies import schedule_inputs
 
 
 def _feasible(confidence, sps, kw):

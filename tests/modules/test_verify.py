@@ -1,34 +1,12 @@
 import pytest
 import torch
 from hypothesis import given
-from hypothesis import strategies as st
 
 from dspark.markov import sample_block
-from dspark.sampling import sample_from_probs, warp_logits
+from dspark.sampling import warp_logits
 from dspark.testing import assert_equal, chi_square_pvalue, random_markov_weights
 from dspark.verify import ACCEPTED, NOT_REACHED, REJECTED, verify
-
-
-@st.composite
-def verify_inputs(draw):
-    requests, gamma, vocab = draw(st.integers(1, 5)), draw(st.integers(1, 5)), draw(st.integers(2, 13))
-    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31)))
-    top_k = draw(st.one_of(st.none(), st.integers(1, vocab)))
-    greedy = draw(st.booleans())
-    temperature = 0.0 if greedy else 1.0
-    draft_probs = warp_logits(torch.randn(requests, gamma, vocab, generator=gen, dtype=torch.float64),
-                              temperature, top_k)
-    target_probs = warp_logits(torch.randn(requests, gamma + 1, vocab, generator=gen, dtype=torch.float64),
-                               temperature, top_k)
-    tokens = sample_from_probs(draft_probs, torch.rand(requests, gamma, generator=gen, dtype=torch.float64))
-    eos = draw(st.one_of(st.none(), st.integers(0, vocab - 1)))
-    return dict(
-        draft_tokens=tokens, draft_probs=draft_probs, target_probs=target_probs,
-        verify_len=torch.randint(0, gamma + 1, (requests,), generator=gen),
-        accept_uniforms=torch.rand(requests, gamma, generator=gen, dtype=torch.float64),
-        final_uniforms=torch.rand(requests, generator=gen, dtype=torch.float64),
-        eos_token_id=eos,
-    )
+from tests.strategies import verify_inputs
 
 
 @given(inputs=verify_inputs())
@@ -176,7 +154,9 @@ def test_sample_size_detects_a_one_point_bias():
     biased[donor] -= 0.01
     biased[receiver] += 0.01
     gen = torch.Generator().manual_seed(5)
-    counts = torch.bincount(torch.multinomial(biased, SAMPLES, replacement=True, generator=gen), minlength=biased.numel())
-    assert chi_square_pvalue(counts, expected) < ALPHA
-    fair = torch.bincount(torch.multinomial(expected, SAMPLES, replacement=True, generator=gen), minlength=biased.numel())
-    assert chi_square_pvalue(fair, expected) > ALPHA
+    def draw(probs):
+        samples = torch.multinomial(probs, SAMPLES, replacement=True, generator=gen)
+        return torch.bincount(samples, minlength=probs.numel())
+
+    assert chi_square_pvalue(draw(biased), expected) < ALPHA
+    assert chi_square_pvalue(draw(expected), expected) > ALPHA

@@ -1,0 +1,96 @@
+"""Launch configurations per architecture, pruned by what fits, and forced to one config in tests.
+
+Each kernel lists configs for Hopper (sm_90) and Blackwell (sm_100 / sm_103, GB300). The Blackwell lists
+were never run on Blackwell hardware: they are labelled ``unmeasured`` and chosen by the same rules as
+the Hopper ones (larger tiles where the 228 KB of shared memory and the 5th-gen tensor cores allow it).
+A config is a plain dict: block sizes (kernel constexprs) plus ``num_warps`` and ``num_stages``.
+
+Selection: under the Triton interpreter, or when ``DSPARK_FORCE_CONFIG=first`` (the test suite), the
+first config that passes the predicate is used; on a GPU, ``DSPARK_AUTOTUNE=1`` times every surviving
+config once per shape key with ``triton.testing.do_bench`` and keeps the fastest; otherwise the first
+surviving config is used (lists are ordered best-guess first).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import torch
+
+UNMEASURED = "unmeasured"  # label for configs that were never run on their architecture
+
+_chosen: dict[tuple, dict] = {}
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def arch_of(device: torch.device) -> str:
+    if interpreting() or device.type != "cuda":
+        return "interpreter"
+    major, minor = torch.cuda.get_device_capability(device)
+    if major >= 10:
+        return "sm100"
+    if major == 9:
+        return "sm90"
+    return "other"
+
+
+def select_config(
+    name: str,
+    device: torch.device,
+    table: dict[str, list[dict]],
+    fits: Callable[[dict], bool],
+    key: tuple,
+    run: Callable[[dict], None] | None = None,
+) -> dict:
+    """Pick a config for kernel ``name`` on ``device`` for the shape ``key``.
+
+    ``table`` maps ``interpreter`` / ``sm90`` / ``sm100`` / ``other`` to config lists; ``fits`` prunes the
+    configs that cannot run at this shape; ``run(config)`` launches once (used only when autotuning).
+    """
+    arch = arch_of(device)
+    candidates = [c for c in table.get(arch, table["other"]) if fits(c)]
+    if not candidates:
+        raise ValueError(f"no {name} launch config fits shape {key} on {arch}")
+    force = os.environ.get("DSPARK_FORCE_CONFIG", "")
+    if arch == "interpreter" or force == "first" or run is None or os.environ.get("DSPARK_AUTOTUNE") != "1":
+        return _strip(candidates[0])
+    cache_key = (name, arch, key)
+    if cache_key not in _chosen:
+        import triton.testing
+
+        timings = [(triton.testing.do_bench(lambda c=c: run(_strip(c)), warmup=5, rep=20), i)
+                   for i, c in enumerate(candidates)]
+        _chosen[cache_key] = _strip(candidates[min(timings)[1]])
+    return _chosen[cache_key]
+
+
+def _strip(config: dict) -> dict:
+    return {k: v for k, v in config.items() if k != "label"}
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def accumulator(dtype: torch.dtype):
+    """fp64 inputs accumulate in fp64 (the oracle's precision); everything else in fp32."""
+    import triton.language as tl
+
+    return tl.float64 if dtype == torch.float64 else tl.float32
+
+
+# Tests set this so that every output a launcher allocates starts as NaN (floats) or a sentinel (ints):
+# an element a kernel forgets to write then fails the comparison instead of passing by luck.
+POISON_OUTPUTS = os.environ.get("DSPARK_POISON_OUTPUTS", "0") == "1"
+INT_SENTINEL = -99
+
+
+def empty_output(*shape, dtype: torch.dtype, device) -> torch.Tensor:
+    if not POISON_OUTPUTS:
+        return torch.empty(*shape, dtype=dtype, device=device)
+    fill = float("nan") if dtype.is_floating_point else INT_SENTINEL
+    return torch.full(shape, fill, dtype=dtype, device=device)

@@ -1,0 +1,62 @@
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dspark.markov import sample_block
+from dspark.testing import assert_close_float64, assert_equal, assert_within_reference_error, random_markov_weights
+from tests.kernels.conftest import DEVICE
+
+SAMPLING = [(1.0, None, None), (0.0, None, None), (0.7, 5, None), (1.3, None, 0.8), (0.9, 3, 0.9), (1.0, 1, None),
+            (1.0, None, 0.05)]
+
+
+def _inputs(head, requests, gamma, vocab, seed, reduced=False):
+    draft_vocab = vocab - 3 if reduced else vocab
+    weights = None if head == "none" else random_markov_weights(head, vocab, draft_vocab, 5, 6, seed=seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    base = torch.randn(requests, gamma, draft_vocab, generator=gen, dtype=torch.float64)
+    hidden = torch.randn(requests, gamma, 6, generator=gen, dtype=torch.float64)
+    anchors = torch.randint(0, vocab, (requests,), generator=gen)
+    uniforms = torch.rand(requests, gamma, generator=gen, dtype=torch.float64)
+    d2t = torch.randperm(vocab, generator=gen)[:draft_vocab] if reduced else None
+    return base, hidden, anchors, uniforms, weights, d2t
+
+
+def _to(args, dtype):
+    base, hidden, anchors, uniforms, weights, d2t = args
+    if weights is not None:
+        weights = weights._replace(**{name: value.to(DEVICE, dtype) for name, value in weights._asdict().items()
+                                      if isinstance(value, torch.Tensor)})
+    return (base.to(DEVICE, dtype), hidden.to(DEVICE, dtype), anchors.to(DEVICE), uniforms.to(DEVICE, dtype), weights,
+            None if d2t is None else d2t.to(DEVICE))
+
+
+@given(head=st.sampled_from(["vanilla", "none"]), requests=st.integers(1, 3), gamma=st.integers(1, 4),
+       vocab=st.integers(4, 37), sampling=st.sampled_from(SAMPLING), reduced=st.booleans(), seed=st.integers(0, 2**31))
+def test_markov_kernel_matches_reference(head, requests, gamma, vocab, sampling, reduced, seed):
+    temperature, top_k, top_p = sampling
+    kw = dict(temperature=temperature, top_k=top_k, top_p=top_p)
+    args = _inputs(head, requests, gamma, vocab, seed, reduced)
+    base, hidden, anchors, uniforms, weights, d2t = args
+    want_tokens, want_probs = sample_block(base, hidden, anchors, uniforms, weights, draft_to_target=d2t,
+                                           backend="reference", **kw)
+    b, h, a, u, w, m = _to(args, torch.float64)
+    tokens, probs = sample_block(b, h, a, u, w, draft_to_target=m, backend="triton", **kw)
+    assert_equal(tokens, want_tokens)
+    assert_close_float64(probs, want_probs, name="draft_probs")
+    # fp32: probabilities within 2x of PyTorch's own fp32 error; tokens equal to PyTorch's fp32 draw.
+    b, h, a, u, w, m = _to(args, torch.float32)
+    tokens32, probs32 = sample_block(b, h, a, u, w, draft_to_target=m, backend="triton", **kw)
+    torch_tokens, torch_probs = sample_block(b, h, a, u, w, draft_to_target=m, backend="torch", **kw)
+    assert_equal(tokens32, torch_tokens, name="fp32 tokens")
+    assert_within_reference_error(probs32, torch_probs, want_probs, name="fp32 draft_probs")
+
+
+@pytest.mark.parametrize("head", ["gated", "rnn"])
+def test_markov_kernel_refuses_non_vanilla_heads_but_auto_falls_back(head, monkeypatch):
+    args = _to(_inputs(head, 2, 3, 9, 0), torch.float32)
+    with pytest.raises(ValueError, match="vanilla"):
+        sample_block(*args[:5], backend="triton")
+    monkeypatch.setenv("DSPARK_BACKEND", "triton")  # what "auto" resolves to on a GPU
+    assert_equal(sample_block(*args[:5], backend="auto")[0], sample_block(*args[:5], backend="torch")[0])
