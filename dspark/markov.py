@@ -155,6 +155,13 @@ def sample_block(
             base_logits, hidden, anchor_ids, uniforms, weights,
             temperature=temperature, top_k=top_k, top_p=top_p, draft_to_target=draft_to_target,
         )
+    # Half-precision inputs are upcast once, as the kernel upcasts after every load: the bias and its sum
+    # with the base logits must not be rounded to bf16 before the softmax.
+    compute = torch.promote_types(base_logits.dtype, torch.float32)
+    base_logits, hidden = base_logits.to(compute), hidden.to(compute)
+    if weights is not None:
+        weights = weights._replace(**{name: value.to(compute) for name, value in weights._asdict().items()
+                                      if isinstance(value, torch.Tensor)})
     gamma = base_logits.shape[1]
     prev = anchor_ids
     state = None

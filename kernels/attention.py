@@ -28,8 +28,8 @@ CONFIGS = {
 
 
 @triton.jit
-def _online_update(q, keys, values, valid, run_max, run_sum, acc, scale, ACC: tl.constexpr):
-    scores = tl.dot(q, tl.trans(keys), input_precision="ieee", out_dtype=ACC) * scale
+def _online_update(q, keys, values, valid, run_max, run_sum, acc, scale, ACC: tl.constexpr, PRECISION: tl.constexpr):
+    scores = tl.dot(q, tl.trans(keys), input_precision=PRECISION, out_dtype=ACC) * scale
     scores = tl.where(valid, scores, float("-inf"))
     new_max = tl.maximum(run_max, tl.max(scores, 1))
     # Rows whose every key so far is masked keep max -inf; shift by 0 there to avoid inf - inf.
@@ -37,7 +37,7 @@ def _online_update(q, keys, values, valid, run_max, run_sum, acc, scale, ACC: tl
     p = tl.exp(scores - shift[:, None])
     alpha = tl.exp(tl.where(run_max == float("-inf"), float("-inf"), run_max - shift))
     run_sum = run_sum * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(values.dtype), values, input_precision="ieee", out_dtype=ACC)
+    acc = acc * alpha[:, None] + tl.dot(p.to(values.dtype), values, input_precision=PRECISION, out_dtype=ACC)
     return new_max, run_sum, acc
 
 
@@ -50,7 +50,7 @@ def _block_attention_kernel(
     skb_b, skb_n, skb_k, skb_h,
     so_b, so_n, so_k, so_h,
     BLOCK_M: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    ACC: tl.constexpr,
+    ACC: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """Mirrors ``dspark.reference.attention.block_attention`` for one (block, kv head)."""
     pid = tl.program_id(0).to(tl.int64)
@@ -81,7 +81,8 @@ def _block_attention_kernel(
         tile_mask = col_mask[:, None] & dim_mask[None, :]
         keys = tl.load(kc_base + kv_off, mask=tile_mask, other=0.0).to(ACC)
         values = tl.load(vc_base + kv_off, mask=tile_mask, other=0.0).to(ACC)
-        run_max, run_sum, acc = _online_update(q, keys, values, col_mask[None, :], run_max, run_sum, acc, scale, ACC)
+        run_max, run_sum, acc = _online_update(q, keys, values, col_mask[None, :], run_max, run_sum, acc, scale,
+                                               ACC, PRECISION)
 
     js = tl.arange(0, BLOCK_J)
     j_mask = js < gamma
@@ -89,7 +90,8 @@ def _block_attention_kernel(
     tile_mask = j_mask[:, None] & dim_mask[None, :]
     keys = tl.load(kb_ptr + kb_off, mask=tile_mask, other=0.0).to(ACC)
     values = tl.load(vb_ptr + kb_off, mask=tile_mask, other=0.0).to(ACC)
-    run_max, run_sum, acc = _online_update(q, keys, values, j_mask[None, :], run_max, run_sum, acc, scale, ACC)
+    run_max, run_sum, acc = _online_update(q, keys, values, j_mask[None, :], run_max, run_sum, acc, scale,
+                                           ACC, PRECISION)
 
     out = acc / tl.where(run_sum > 0, run_sum, 1.0)[:, None]
     out = tl.where(valid, out, 0.0)
@@ -123,7 +125,10 @@ def _forward(q, k_ctx, v_ctx, k_blk, v_blk, ctx_len, block_valid, scale):
         k_blk.stride(0), k_blk.stride(1), k_blk.stride(2), k_blk.stride(3),
         out.stride(0), out.stride(1), out.stride(2), out.stride(3),
         BLOCK_M=block_m, BLOCK_J=max(16, next_power_of_2(gamma)), BLOCK_D=block_d,
-        ACC=accumulator(q.dtype), **config,
+        ACC=accumulator(q.dtype),
+        # fp32 operands must not drop to TF32 (1e-3 error); fp64 operands take the default path.
+        PRECISION=None if q.dtype == torch.float64 else "ieee",
+        **config,
     )
     return out
 

@@ -1,9 +1,8 @@
 """Kernel tests: every output buffer NaN-poisoned, one forced launch config, CUDA when present."""
 
+import dspark.kernels._tuning as tuning
 import pytest
 import torch
-
-import dspark.kernels._tuning as tuning
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

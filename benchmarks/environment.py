@@ -1,0 +1,56 @@
+"""What every benchmark result records: machine, versions, commit, time."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+import torch
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def environment() -> dict:
+    info = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": platform.machine(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "commit": _commit(),
+        "device": "cpu",
+    }
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except Exception:
+        info["triton"] = None
+    if torch.cuda.is_available():
+        info["device"] = torch.cuda.get_device_name(0)
+        info["capability"] = ".".join(map(str, torch.cuda.get_device_capability(0)))
+    return info
+
+
+def _commit() -> str:
+    try:
+        root = Path(__file__).resolve().parents[1]
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True)
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True).stdout
+        return out.stdout.strip() + ("-dirty" if dirty.strip() else "") if out.returncode == 0 else "unknown"
+    except OSError:
+        return "unknown"
+
+
+def write_result(name: str, payload: dict, directory: Path | None = None) -> Path:
+    """Write ``{"environment": …, **payload}`` as ``<directory>/<name>.json`` atomically."""
+    from dspark.io import atomic_write_text
+
+    path = (directory or RESULTS) / f"{name}.json"
+    atomic_write_text(path, json.dumps({"environment": environment(), **payload}, indent=2) + "\n")
+    return path
