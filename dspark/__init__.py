@@ -10,6 +10,7 @@ from dspark.calibration import calibration_report, fit_sts
 from dspark.confidence import ConfidenceHead, confidence_survival, confidence_target
 from dspark.config import DSparkConfig, uniform_tap_layers
 from dspark.drafter import DraftOutput, DSparkDrafter
+from dspark.export import export, load
 from dspark.markov import MarkovHead, MarkovWeights, sample_block, teacher_forced_bias
 from dspark.metrics import AcceptanceStats
 from dspark.sampling import sample_from_probs, warp_logits
@@ -36,6 +37,8 @@ __all__ = [
     "VerifyOutput",
     "allocate_top_k",
     "calibration_report",
+    "export",
+    "load",
     "fit_sts",
     "schedule_greedy",
     "verify",

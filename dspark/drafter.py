@@ -18,8 +18,9 @@ class DraftOutput:
     """One drafted block per request.
 
     Attributes:
-        tokens: ``[R, γ]`` drafted tokens (draft vocabulary).
-        draft_probs: ``[R, γ, V_draft]`` the distributions they were sampled from.
+        tokens: ``[R, γ]`` drafted tokens as target ids (mapped from a reduced draft vocabulary).
+        draft_probs: ``[R, γ, V]`` the distributions they were sampled from, over the target vocabulary
+            (zero outside a reduced draft vocabulary).
         confidence_logits, confidence, survival: ``[R, γ]``, or ``None`` without a confidence head.
     """
 
@@ -47,6 +48,50 @@ class DSparkDrafter(BlockBackbone):
             rank = config.markov_rank if config.confidence_head_with_markov else 0
             self.confidence_head = ConfidenceHead(config.hidden_size, rank, bias=config.confidence_head_bias)
         self.register_buffer("sts_temperatures", torch.ones(config.block_size), persistent=True)
+        if self.reduced_vocab:
+            self.register_buffer("draft_to_target", torch.arange(config.draft_vocab_size), persistent=True)
+        self.init_weights()
+
+    @property
+    def reduced_vocab(self) -> bool:
+        return self.config.draft_vocab_size < self.config.vocab_size
+
+    @torch.no_grad()
+    def set_draft_vocab(self, draft_to_target: torch.Tensor, target_lm_head: torch.Tensor | None = None) -> None:
+        """Install the target ids ``[V_draft]`` of the draft vocabulary (see :mod:`dspark.vocab`) and, given the
+        target's full LM head ``[V, d]``, the matching rows of ``lm_head``."""
+        if not self.reduced_vocab:
+            raise ValueError("this drafter's config has no reduced draft vocabulary (draft_vocab_size == vocab_size)")
+        check_tensor("draft_to_target", draft_to_target, shape=(self.config.draft_vocab_size,), integer=True)
+        ids = draft_to_target.to(self.draft_to_target.device)
+        if bool((ids[1:] <= ids[:-1]).any()) or int(ids.min()) < 0 or int(ids.max()) >= self.config.vocab_size:
+            raise ValueError("draft_to_target must hold increasing target ids in range")
+        self.draft_to_target.copy_(ids)
+        if target_lm_head is not None:
+            self.lm_head.weight.copy_(target_lm_head[ids.to(target_lm_head.device)])
+
+    @torch.no_grad()
+    def load_target_embeddings(self, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor) -> None:
+        """Copy the target's embedding ``[V, d]`` and LM head (``[V, d]``; rows of the draft vocabulary are
+        selected when it is reduced)."""
+        if self.reduced_vocab and lm_head_weight.shape[0] == self.config.vocab_size:
+            lm_head_weight = lm_head_weight[self.draft_to_target.to(lm_head_weight.device)]
+        super().load_target_embeddings(embed_weight, lm_head_weight)
+
+    @torch.no_grad()
+    def init_weights(self, std: float = 0.02) -> None:
+        """Hugging Face's ``post_init`` rule (SPEC §2.8): N(0, std²) weights, zero biases, unit norms.
+
+        The frozen embedding and LM head are meant to be overwritten by the target's
+        (:meth:`load_target_embeddings`).
+        """
+        for name, param in self.named_parameters():
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+            elif name.endswith(".bias"):
+                param.zero_()
+            else:
+                param.normal_(0.0, std)
 
     def training_outputs(
         self,
@@ -111,10 +156,15 @@ class DSparkDrafter(BlockBackbone):
         hidden = self.forward_cached(anchor_ids, cache, backend=backend)
         base_logits = self.lm_head(hidden)
         weights = self.markov_head.weights() if self.config.has_markov else None
+        mapping = self.draft_to_target if self.reduced_vocab else None
         tokens, draft_probs = sample_block(
             base_logits, hidden, anchor_ids, uniforms, weights,
-            temperature=temperature, top_k=top_k, top_p=top_p, backend=backend,
+            temperature=temperature, top_k=top_k, top_p=top_p, draft_to_target=mapping, backend=backend,
         )
+        if mapping is not None:  # hand the verifier target ids and distributions over the target vocabulary
+            tokens = mapping[tokens]
+            full = draft_probs.new_zeros(*draft_probs.shape[:2], self.config.vocab_size)
+            draft_probs = full.index_copy_(-1, mapping, draft_probs)
         out = DraftOutput(tokens, draft_probs)
         if self.config.enable_confidence_head:
             head = self.confidence_head

@@ -140,8 +140,13 @@ class TargetModel:
         return self.vocab_size - 1
 
     def drafter_config(self, **overrides) -> DSparkConfig:
-        """A DSparkConfig whose sizes, taps and mask token match this target."""
+        """A DSparkConfig whose sizes, taps and mask token match this target.
+
+        The draft layers keep Qwen3's per-head q/k norms whatever the target: that is the layer the
+        serving engines build for DSpark drafters (speculators, vLLM), so the drafter stays exportable.
+        """
         overrides.setdefault("mask_token_id", self.mask_token_id())
+        overrides.setdefault("qk_norm", True)
         return DSparkConfig.from_target_config(self.config, target_layer_ids=self.tap_layers, **overrides)
 
     def encode_chat(self, text: str) -> list[int]:

@@ -298,6 +298,16 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(params, lr=self.config.lr, weight_decay=self.config.weight_decay,
                                            betas=(0.9, 0.95))
         self.target_lm_head = self.target_lm_head.detach()
+        self.label_index = None
+        if self.drafter.reduced_vocab:
+            # With a reduced draft vocabulary the target's distribution is taken over the draft vocabulary
+            # (its rows of the LM head, renormalised by the softmax), and slots whose label has no draft id
+            # carry no weight.
+            from dspark.vocab import target_to_draft
+
+            mapping = self.drafter.draft_to_target
+            self.target_lm_head = self.target_lm_head[mapping.to(self.target_lm_head.device)]
+            self.label_index = target_to_draft(mapping, self.drafter.config.vocab_size)
 
     # -- distributed helpers
     @staticmethod
@@ -314,8 +324,13 @@ class Trainer:
     def _blocks(self, step: int, index: int, sample: Sample) -> BlockBatch:
         gen = torch.Generator().manual_seed((self.config.seed * 1_000_003 + (step + 1) * 65_537 + index) % 2**63)
         taps, hidden = self.source.features(index, sample)
-        return prepare_blocks(sample, taps, hidden, self.drafter.config.block_size, self.config.num_anchors,
-                              self.config.decay, gen)
+        blocks = prepare_blocks(sample, taps, hidden, self.drafter.config.block_size, self.config.num_anchors,
+                                self.config.decay, gen)
+        if self.label_index is not None:
+            draft_labels = self.label_index[blocks.labels]
+            blocks.weights = blocks.weights * (draft_labels >= 0)
+            blocks.labels = draft_labels.clamp(min=0)
+        return blocks
 
     def _loss(self, blocks: BlockBatch, normalizer: torch.Tensor):
         hidden, features, conf = self.drafter.training_outputs(
@@ -457,3 +472,65 @@ class Trainer:
         self.step = meta["step"]
         self.history = meta["history"]
         return self
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The recipe for the default target
+
+
+def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "dspark", num_prompts: int = 160,
+                          max_new_tokens: int = 96, steps: int = 200, num_draft_layers: int = 1,
+                          markov_rank: int = 32, block_size: int = 7, num_anchors: int = 32,
+                          work_dir: str | os.PathLike | None = None, progress: bool = True) -> Path:
+    """Train a drafter for SmolLM2-135M-Instruct on ShareGPT prompts answered by the target, on the CPU.
+
+    Answers and target features are cached under ``work_dir`` (default ``$DSPARK_CACHE/training``), so a
+    rerun, or a second objective on the same data, skips straight to training; training checkpoints there
+    every 25 steps and resumes. The drafter is written to ``output_dir`` in bf16 without the shared weights.
+    """
+    import safetensors.torch
+
+    from dspark.checkpoint import save_drafter
+    from dspark.data import load_training_prompts
+    from dspark.target import cache_root, load_default_target
+
+    work = Path(work_dir) if work_dir else cache_root() / "training"
+    target = load_default_target()
+    samples_file = work / f"samples-{num_prompts}-{max_new_tokens}.safetensors"
+    if samples_file.exists():
+        stored = safetensors.torch.load_file(samples_file)
+        bounds = stored["offsets"].tolist()
+        samples = [Sample(stored["token_ids"][a:b], stored["loss_mask"][a:b].bool())
+                   for a, b in zip(bounds[:-1], bounds[1:])]
+    else:
+        samples = regenerate(target, load_training_prompts(num_prompts), max_new_tokens=max_new_tokens,
+                             progress=progress)
+        offsets = torch.tensor([0] + [len(s.token_ids) for s in samples]).cumsum(0)
+        work.mkdir(parents=True, exist_ok=True)
+        tmp = samples_file.with_suffix(".tmp")
+        safetensors.torch.save_file({"token_ids": torch.cat([s.token_ids for s in samples]),
+                                     "loss_mask": torch.cat([s.loss_mask for s in samples]).to(torch.uint8),
+                                     "offsets": offsets}, tmp)
+        os.replace(tmp, samples_file)
+    features_dir = work / f"features-{num_prompts}-{max_new_tokens}"
+    write_offline_features(target, samples, features_dir, progress=progress)
+    source = OfflineFeatures(features_dir, target.tap_layers, target.hidden_size)
+    split = max(1, len(samples) // 10)
+    is_dspark = objective == "dspark"
+    config = target.drafter_config(block_size=block_size, num_draft_layers=num_draft_layers,
+                                   markov_rank=markov_rank if is_dspark else 0, enable_confidence_head=is_dspark,
+                                   confidence_head_with_markov=is_dspark)
+    drafter = DSparkDrafter(config)
+    drafter.load_target_embeddings(target.embed_weight(), target.lm_head_weight())
+    train_config = TrainConfig(steps=steps, objective=objective, num_anchors=num_anchors, sequences_per_step=2,
+                               eval_every=25, checkpoint_every=25)
+    trainer = Trainer(drafter, target.lm_head_weight(), source, samples[:-split], train_config,
+                      held_out=samples[-split:])
+    checkpoint = work / f"checkpoint-{objective}"
+    if (checkpoint / "trainer_state.json").exists():
+        trainer.resume(checkpoint, target)
+    trainer.fit(output_dir=checkpoint, progress=progress)
+    final = trainer.history[-1] if trainer.history else {}
+    return save_drafter(trainer.drafter, output_dir, dtype=torch.bfloat16,
+                        metadata={"objective": objective, "steps": trainer.step, "train_sequences": len(trainer.train),
+                                  "held_out_sequences": split, "final": final})
