@@ -49,7 +49,26 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("--steps", type=int, default=200)
     train.add_argument("--prompts", type=int, default=160)
     train.add_argument("--output", default=None, help="default: the cache the demo reads")
+    export = sub.add_parser("export", help="write a trained drafter in the speculators format vLLM serves")
+    export.add_argument("--drafter", default=None, help="dspark drafter directory (default: the demo's)")
+    export.add_argument("--out", required=True)
+    export.add_argument("--verifier", default="HuggingFaceTB/SmolLM2-135M-Instruct",
+                        help="the target as the serving engine should load it")
+    export.add_argument("--architectures", nargs="+", default=["LlamaForCausalLM"])
     args = parser.parse_args(argv)
+    if args.command == "export":
+        from dspark.checkpoint import default_drafter_dir, find_default_drafter, load_drafter
+        from dspark.export import export as export_drafter
+        from dspark.target import load_default_target
+
+        target = load_default_target()
+        drafter = load_drafter(args.drafter, target) if args.drafter else find_default_drafter(target)
+        if drafter is None:
+            raise SystemExit(f"no trained drafter at {default_drafter_dir()}: run `python -m dspark train` first")
+        path = export_drafter(drafter, args.out, verifier_name_or_path=args.verifier,
+                              verifier_architectures=args.architectures)
+        print(f"wrote {path}: serve it with `vllm serve {path}`")
+        return 0
     if args.command == "train":
         from dspark.checkpoint import default_drafter_dir
         from dspark.training import train_default_drafter

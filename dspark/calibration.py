@@ -154,3 +154,34 @@ def _check_rounds(logits, verified, accepted) -> None:
     check_tensor("accepted", accepted, shape=(logits.shape[0],), integer=True)
     if bool((accepted > verified).any()) or bool((verified > logits.shape[1]).any()) or bool((accepted < 0).any()):
         raise ValueError(f"need 0 <= accepted <= verified <= γ={logits.shape[1]} in every round")
+
+
+def calibrate_drafter(target, drafter, prompts: list[list[int]], *, max_new_tokens: int = 64,
+                      temperature: float = 1.0, batch_size: int = 8, grid: torch.Tensor | None = None) -> dict:
+    """Fit and install the drafter's STS temperatures from held-out rollouts (SPEC §4.3).
+
+    The drafter decodes ``prompts`` with every drafted slot verified (no truncation), recording the raw
+    confidence logits and the realised accepted prefix of each round; :func:`fit_sts` then sets
+    ``drafter.sts_temperatures``. Returns the calibration reports before and after, and the temperatures.
+    """
+    from dspark.decoding import SamplingConfig, SpeculativeDecoder
+    from dspark.scheduler import FixedLength
+
+    if not drafter.config.enable_confidence_head:
+        raise ValueError("this drafter has no confidence head to calibrate")
+    drafter.sts_temperatures.fill_(1.0)
+    rounds = []
+    for start in range(0, len(prompts), batch_size):
+        config = SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, seed=start)
+        decoder = SpeculativeDecoder(target, drafter, config, scheduler=FixedLength(drafter.config.block_size),
+                                     record_rounds=True)
+        decoder.start(prompts[start: start + batch_size]).run()
+        rounds += decoder.rounds
+    logits = torch.cat([r[0] for r in rounds]).double()
+    verified = torch.cat([r[1] for r in rounds])
+    accepted = torch.cat([r[2] for r in rounds])
+    temperatures = fit_sts(logits, verified, accepted, grid)
+    drafter.sts_temperatures.copy_(temperatures.to(drafter.sts_temperatures))
+    return {"rounds": int(logits.shape[0]), "temperatures": temperatures.tolist(),
+            "before": calibration_report(logits, verified, accepted).as_dict(),
+            "after": calibration_report(logits, verified, accepted, temperatures).as_dict()}

@@ -154,10 +154,12 @@ class SpeculativeDecoder:
         config: sampling settings shared by drafter and target (the drafter samples from the same warp).
         scheduler: verify-length policy; default sends all γ drafts (``FixedLength(γ)``).
         backend: backend of the drafter's ops and of verification.
+        record_rounds: keep every round's raw confidence logits, verified and accepted counts in
+            ``self.rounds`` (the data STS calibration fits, SPEC §4.3).
     """
 
     def __init__(self, target, drafter, config: SamplingConfig | None = None, *, scheduler: Scheduler | None = None,
-                 backend: str = "auto"):
+                 backend: str = "auto", record_rounds: bool = False):
         self.config = config or SamplingConfig()
         dcfg = drafter.config
         if list(dcfg.target_layer_ids) != list(target.tap_layers):
@@ -170,6 +172,8 @@ class SpeculativeDecoder:
         self.eos = self.config.eos_token_id if self.config.eos_token_id is not None else target.eos_token_id
         self.dtype = next(drafter.parameters()).dtype
         self.device = target.device
+        self.record_rounds = record_rounds
+        self.rounds: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
 
     @torch.no_grad()
     def start(self, prompts: list[list[int]]) -> SpeculativeDecoder:
@@ -247,6 +251,10 @@ class SpeculativeDecoder:
         self.timings["verify"] += t3 - t2
 
         self.stats.update(verify_len.cpu(), result.num_accepted.cpu(), result.num_committed.cpu())
+        if self.record_rounds and draft.confidence_logits is not None:
+            # Slots after an accepted EOS were never really verified: they leave the calibration data.
+            verified = torch.where(result.num_committed == result.num_accepted, result.num_accepted, verify_len)
+            self.rounds.append((draft.confidence_logits.cpu(), verified.cpu(), result.num_accepted.cpu()))
         committed = result.committed.cpu()
         counts = []
         for row, req in enumerate(self.active.tolist()):

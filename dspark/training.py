@@ -36,10 +36,15 @@ from dspark.loss import DECAY, dspark_loss, position_weights
 
 @dataclass
 class Sample:
-    """One training sequence: ``token_ids [S]`` and ``loss_mask [S]`` (True on the target's answer)."""
+    """One training sequence: ``token_ids [S]`` and ``loss_mask [S]`` (True on the target's answer).
+
+    ``key`` is its index in the dataset it came from, which names its offline feature file; without one,
+    the index the trainer sees it under is used.
+    """
 
     token_ids: torch.Tensor
     loss_mask: torch.Tensor
+    key: int | None = None
 
     def __post_init__(self):
         if self.token_ids.ndim != 1 or self.loss_mask.shape != self.token_ids.shape:
@@ -323,7 +328,7 @@ class Trainer:
 
     def _blocks(self, step: int, index: int, sample: Sample) -> BlockBatch:
         gen = torch.Generator().manual_seed((self.config.seed * 1_000_003 + (step + 1) * 65_537 + index) % 2**63)
-        taps, hidden = self.source.features(index, sample)
+        taps, hidden = self.source.features(index if sample.key is None else sample.key, sample)
         blocks = prepare_blocks(sample, taps, hidden, self.drafter.config.block_size, self.config.num_anchors,
                                 self.config.decay, gen)
         if self.label_index is not None:
@@ -500,11 +505,13 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     if samples_file.exists():
         stored = safetensors.torch.load_file(samples_file)
         bounds = stored["offsets"].tolist()
-        samples = [Sample(stored["token_ids"][a:b], stored["loss_mask"][a:b].bool())
-                   for a, b in zip(bounds[:-1], bounds[1:])]
+        samples = [Sample(stored["token_ids"][a:b], stored["loss_mask"][a:b].bool(), key=i)
+                   for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))]
     else:
         samples = regenerate(target, load_training_prompts(num_prompts), max_new_tokens=max_new_tokens,
                              progress=progress)
+        for i, sample in enumerate(samples):
+            sample.key = i
         offsets = torch.tensor([0] + [len(s.token_ids) for s in samples]).cumsum(0)
         work.mkdir(parents=True, exist_ok=True)
         tmp = samples_file.with_suffix(".tmp")
@@ -530,7 +537,16 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     if (checkpoint / "trainer_state.json").exists():
         trainer.resume(checkpoint, target)
     trainer.fit(output_dir=checkpoint, progress=progress)
-    final = trainer.history[-1] if trainer.history else {}
-    return save_drafter(trainer.drafter, output_dir, dtype=torch.bfloat16,
-                        metadata={"objective": objective, "steps": trainer.step, "train_sequences": len(trainer.train),
-                                  "held_out_sequences": split, "final": final})
+    metadata = {"objective": objective, "steps": trainer.step, "train_sequences": len(trainer.train),
+                "held_out_sequences": split, "final": trainer.history[-1] if trainer.history else {}}
+    if is_dspark:
+        metadata["sts"] = calibrate_on_samples(target, trainer.drafter.eval(), trainer.held_out)
+    return save_drafter(trainer.drafter, output_dir, dtype=torch.bfloat16, metadata=metadata)
+
+
+def calibrate_on_samples(target, drafter: DSparkDrafter, samples: list[Sample], max_new_tokens: int = 48) -> dict:
+    """STS after training (SPEC §4.3): held-out prompts (the unmasked prefix of each sample), T = 1."""
+    from dspark.calibration import calibrate_drafter
+
+    prompts = [s.token_ids[: int(s.loss_mask.nonzero()[0])].tolist() for s in samples if bool(s.loss_mask.any())]
+    return calibrate_drafter(target, drafter, prompts, max_new_tokens=max_new_tokens, temperature=1.0)

@@ -80,6 +80,9 @@ def test_offline_features_equal_online_and_are_validated(tmp_path):
     for i, sample in enumerate(samples):
         for a, b in zip(offline.features(i, sample), trainer.source.features(i, sample)):
             torch.testing.assert_close(a, b, rtol=0, atol=0)
+    # A held-out sample evaluated through the offline source reads its own file (by key, not position).
+    trainer.source, trainer.held_out = offline, [Sample(samples[1].token_ids, samples[1].loss_mask, key=1)]
+    assert trainer.evaluate()["eval_tau_prob"] >= 1
     wrong = Sample(samples[0].token_ids.flip(0), samples[0].loss_mask)
     with pytest.raises(ValueError, match="different tokens"):
         offline.features(0, wrong)
@@ -90,3 +93,16 @@ def test_offline_features_equal_online_and_are_validated(tmp_path):
     assert (tmp_path / "000000.safetensors").stat().st_mtime_ns == kept
     for a, b in zip(offline.features(1, samples[1]), trainer.source.features(1, samples[1])):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_sts_calibration_after_training_sets_temperatures():
+    from dspark.training import calibrate_on_samples
+
+    trainer, target = tiny_trainer(steps=10)
+    trainer.fit(progress=False)
+    report = calibrate_on_samples(target, trainer.drafter.eval(), trainer.train, max_new_tokens=12)
+    assert report["rounds"] > 0
+    assert trainer.drafter.sts_temperatures.tolist() == pytest.approx(report["temperatures"])
+    # STS minimises the ECE it is fitted on: never worse there, position by position.
+    for before, after in zip(report["before"]["ece"], report["after"]["ece"]):
+        assert after <= before + 1e-12 or before != before

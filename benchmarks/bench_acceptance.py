@@ -1,0 +1,76 @@
+"""Acceptance on held-out real prompts: τ and per-position acceptance per domain, T = 0 and T = 1.
+
+Each available drafter for the default target (``--drafters name=DIR``; by default the trained DSpark
+and DFlash drafters in the dspark cache) decodes the same held-out prompts (math: GSM8K, code:
+HumanEval, chat: MT-Bench first turns; never in the training pool) with every drafted slot verified.
+τ counts the bonus token (SPEC §8.1, vLLM's ``1 + accepted / drafts``); acceptance by position is given
+both conditional (the paper's Fig. 2) and unconditional (DeepSpec's ``accept_rate@pos``). Writes
+``benchmarks/results/acceptance_cpu.json``.
+
+    python benchmarks/bench_acceptance.py [--prompts-per-domain 8] [--max-new-tokens 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.environment import write_result  # noqa: E402
+from dspark.checkpoint import default_drafter_dir, load_drafter  # noqa: E402
+from dspark.data import DOMAINS, load_prompts  # noqa: E402
+from dspark.decoding import SamplingConfig, speculative_generate  # noqa: E402
+from dspark.scheduler import FixedLength  # noqa: E402
+from dspark.target import load_default_target  # noqa: E402
+
+
+def default_drafters() -> dict[str, Path]:
+    base = default_drafter_dir()
+    found = {"dspark": base, "dflash": base.with_name("smollm2-135m-instruct-dflash")}
+    return {name: path for name, path in found.items() if (path / "model.safetensors").exists()}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--drafters", nargs="*", default=None, help="name=DIR pairs (default: the cached ones)")
+    parser.add_argument("--prompts-per-domain", type=int, default=8)
+    parser.add_argument("--offset", type=int, default=50, help="first prompt index of each domain")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    drafters = dict(item.split("=", 1) for item in args.drafters) if args.drafters else default_drafters()
+    if not drafters:
+        raise SystemExit("no trained drafters found: run `python -m dspark train` (and --objective dflash) first")
+    target = load_default_target()
+    prompts = {d: [target.encode_chat(p.text) for p in
+                   load_prompts(d)[args.offset: args.offset + args.prompts_per_domain]] for d in DOMAINS}
+    rows = []
+    for name, directory in drafters.items():
+        drafter = load_drafter(directory, target)
+        for temperature in args.temperatures:
+            for domain in DOMAINS:
+                config = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=temperature, seed=0)
+                result = speculative_generate(target, drafter, prompts[domain], config,
+                                              scheduler=FixedLength(drafter.config.block_size))
+                row = {"drafter": name, "temperature": temperature, "domain": domain,
+                       "prompts": len(prompts[domain]), **result.stats.as_dict(),
+                       "tokens_per_second": result.tokens_per_second}
+                rows.append(row)
+                print(f"{name:7s} T={temperature:g} {domain:5s} tau={row['tau']:.3f} "
+                      f"cond={[round(x, 2) for x in row['conditional_acceptance']]}")
+    write_result("acceptance_cpu", {"max_new_tokens": args.max_new_tokens, "offset": args.offset,
+                                    "drafters": {k: str(v) for k, v in drafters.items()},
+                                    "drafter_metadata": {k: load_drafter(v, target).metadata
+                                                         for k, v in drafters.items()},
+                                    "rows": rows}, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(2)
+    sys.exit(main())
