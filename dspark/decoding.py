@@ -60,6 +60,19 @@ class GenerationResult:
     def tokens_per_second(self) -> float:
         return self.new_tokens / self.seconds if self.seconds > 0 else float("nan")
 
+    def table(self) -> str:
+        """τ, acceptance by position (conditional and unconditional), tokens/s and the time split."""
+        from dspark.report import format_table
+
+        row = {"tokens": self.new_tokens, "tps": self.tokens_per_second, **{k: v for k, v in self.timings.items()}}
+        columns = [("tokens", "new tokens"), ("tps", "tokens/s")]
+        if self.stats is not None:
+            row.update(tau=self.stats.tau, cond=self.stats.conditional.tolist(),
+                       uncond=self.stats.unconditional.tolist())
+            columns += [("tau", "τ"), ("cond", "acceptance | prefix accepted"), ("uncond", "acceptance, unconditional")]
+        columns += [(k, f"{k} s") for k in self.timings]
+        return format_table([row], columns)
+
     def summary(self) -> dict:
         out = {"new_tokens": self.new_tokens, "seconds": self.seconds, "tokens_per_second": self.tokens_per_second,
                "timings": dict(self.timings)}

@@ -204,3 +204,28 @@ def test_sps_table_from_latencies_is_monotone_and_interpolated():
 def test_bad_schedule_input_raises(call, message):
     with pytest.raises(ValueError, match=message):
         call(torch.full((2, 3), 0.7, dtype=torch.float64), SPSTable.linear(1.0, 0.1, 10))
+
+
+def test_profile_sps_takes_medians_and_makes_the_table_monotone(monkeypatch):
+    """profile_sps times step(B) with perf_counter; a fake clock makes its arithmetic checkable."""
+    import dspark.scheduler as scheduler
+
+    latency = {1: [0.010, 0.030, 0.011], 4: [0.012, 0.012, 0.013], 8: [0.011, 0.020, 0.020]}
+    clock = {"t": 0.0, "pending": 0.0}
+    calls = {b: iter(v) for b, v in latency.items()}
+
+    def step(tokens):
+        clock["pending"] = next(calls[tokens], 0.0)
+
+    def perf_counter():
+        clock["t"] += clock["pending"]
+        clock["pending"] = 0.0
+        return clock["t"]
+
+    monkeypatch.setattr(scheduler.time, "perf_counter", perf_counter)
+    table = scheduler.profile_sps(step, [1, 4, 8], repeats=3, warmup=0)
+    # medians 0.011, 0.012, 0.020 seconds; monotone already; interpolated in between
+    assert table.sps[1].item() == pytest.approx(1 / 0.011)
+    assert table.sps[4].item() == pytest.approx(1 / 0.012)
+    assert table.sps[8].item() == pytest.approx(1 / 0.020)
+    assert table.max_tokens == 8
