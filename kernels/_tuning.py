@@ -5,10 +5,11 @@ were never run on Blackwell hardware: they are labelled ``unmeasured`` and chose
 the Hopper ones (larger tiles where the 228 KB of shared memory and the 5th-gen tensor cores allow it).
 A config is a plain dict: block sizes (kernel constexprs) plus ``num_warps`` and ``num_stages``.
 
-Selection: under the Triton interpreter, or when ``DSPARK_FORCE_CONFIG=first`` (the test suite), the
-first config that passes the predicate is used; on a GPU, ``DSPARK_AUTOTUNE=1`` times every surviving
-config once per shape key with ``triton.testing.do_bench`` and keeps the fastest; otherwise the first
-surviving config is used (lists are ordered best-guess first).
+Selection (:func:`launch`): under the Triton interpreter, or when ``DSPARK_FORCE_CONFIG=first`` (the test
+suite), the first config that passes the predicate is used; on a GPU, ``DSPARK_AUTOTUNE=1`` times every
+surviving config once per shape key with ``triton.testing.do_bench`` and keeps the fastest (kernels that
+overwrite their inputs opt out); otherwise the first surviving config is used (lists are ordered
+best-guess first).
 """
 
 from __future__ import annotations
@@ -66,6 +67,19 @@ def select_config(
                    for i, c in enumerate(candidates)]
         _chosen[cache_key] = _strip(candidates[min(timings)[1]])
     return _chosen[cache_key]
+
+
+def launch(name: str, kernel, grid: tuple, args: tuple, constexprs: dict, *, device: torch.device,
+           table: dict[str, list[dict]], key: tuple, fits: Callable[[dict], bool] = lambda c: True,
+           tunable: bool = True) -> None:
+    """``kernel[grid](*args, **constexprs, **config)`` with the config :func:`select_config` picks.
+
+    ``tunable=False`` for kernels that overwrite their inputs (they cannot be launched repeatedly to time them).
+    """
+    def run(config: dict) -> None:
+        kernel[grid](*args, **constexprs, **config)
+
+    run(select_config(name, device, table, fits, key, run if tunable else None))
 
 
 def _strip(config: dict) -> dict:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from dspark.kernels._tuning import accumulator, empty_output, next_power_of_2, select_config
+from dspark.kernels._tuning import accumulator, empty_output, launch, next_power_of_2
 
 CONFIGS = {
     "interpreter": [dict(BLOCK_N=8, num_warps=1, num_stages=1)],
@@ -116,20 +116,21 @@ def _forward(q, k_ctx, v_ctx, k_blk, v_blk, ctx_len, block_valid, scale):
     def fits(c):  # q, acc and one K/V tile pair must fit in registers/shared memory
         return (block_m + 2 * c["BLOCK_N"]) * block_d * 4 <= 160 * 1024
 
-    config = select_config("block_attention", q.device, CONFIGS, fits, (gamma * group, head_dim))
-    _block_attention_kernel[(batch * num_blocks, num_kv)](
+    args = (
         q, k_ctx, v_ctx, k_blk, v_blk, ctx_len.contiguous(), block_valid.to(torch.int8).contiguous(), scale_t, out,
         num_blocks, gamma, group, head_dim,
         q.stride(0), q.stride(1), q.stride(2), q.stride(3),
         k_ctx.stride(0), k_ctx.stride(1), k_ctx.stride(2),
         k_blk.stride(0), k_blk.stride(1), k_blk.stride(2), k_blk.stride(3),
         out.stride(0), out.stride(1), out.stride(2), out.stride(3),
-        BLOCK_M=block_m, BLOCK_J=max(16, next_power_of_2(gamma)), BLOCK_D=block_d,
-        ACC=accumulator(q.dtype),
+    )
+    constexprs = dict(
+        BLOCK_M=block_m, BLOCK_J=max(16, next_power_of_2(gamma)), BLOCK_D=block_d, ACC=accumulator(q.dtype),
         # fp32 operands must not drop to TF32 (1e-3 error); fp64 operands take the default path.
         PRECISION=None if q.dtype == torch.float64 else "ieee",
-        **config,
     )
+    launch("block_attention", _block_attention_kernel, (batch * num_blocks, num_kv), args, constexprs,
+           device=q.device, table=CONFIGS, key=(gamma * group, head_dim), fits=fits)
     return out
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from dspark.kernels._tuning import accumulator, empty_output, next_power_of_2, select_config
+from dspark.kernels._tuning import accumulator, empty_output, launch, next_power_of_2
 
 CONFIGS = {
     "interpreter": [dict(BLOCK_D=16, num_warps=1, num_stages=1)],
@@ -74,14 +74,15 @@ def confidence_survival(hidden, weight, bias, prev_ids, markov_w1, temperatures)
     has_markov = rank > 0
     w1 = markov_w1.contiguous() if has_markov else weight
     prev = prev_ids.contiguous() if has_markov else outs[0]
-    config = select_config("confidence", hidden.device, CONFIGS, lambda c: True, (hidden_size, rank))
-    _confidence_survival_kernel[(num_requests,)](
+    args = (
         hidden, weight, bias if bias is not None else weight, prev, w1,
         temperatures.contiguous() if temperatures is not None else weight,
         *outs,
         gamma, hidden_size, rank,
         hidden.stride(0), hidden.stride(1), w1.stride(0), prev.stride(0), prev.stride(1), outs[0].stride(0),
-        HAS_BIAS=bias is not None, HAS_MARKOV=has_markov, HAS_TEMPERATURE=temperatures is not None,
-        BLOCK_R=next_power_of_2(max(rank, 1)), ACC=accumulator(hidden.dtype), **config,
     )
+    constexprs = dict(HAS_BIAS=bias is not None, HAS_MARKOV=has_markov, HAS_TEMPERATURE=temperatures is not None,
+                      BLOCK_R=next_power_of_2(max(rank, 1)), ACC=accumulator(hidden.dtype))
+    launch("confidence", _confidence_survival_kernel, (num_requests,), args, constexprs, device=hidden.device,
+           table=CONFIGS, key=(hidden_size, rank))
     return tuple(outs)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from dspark.kernels._tuning import empty_output, select_config
+from dspark.kernels._tuning import empty_output, launch
 
 from dspark.loss import LossOutput
 
@@ -122,7 +122,6 @@ class FusedDSparkLoss(torch.autograd.Function):
             "z": torch.zeros(rows, dtype=torch.float32, device=device) if with_grad and has_conf else None,
         }
         step = chunk_rows or max(1, min(rows, _BUFFER_BYTES // (4 * max(vocab, 1))))
-        config = select_config("dspark_loss", device, CONFIGS, lambda c: True, (vocab,))
         lm = lm_head.float()
         target_lm = target_lm_head.float()
         w2 = markov_w2.float() if has_markov else None
@@ -135,13 +134,16 @@ class FusedDSparkLoss(torch.autograd.Function):
                 draft += emb @ w2.T
             target = target_hidden[sl].detach().float() @ target_lm.T
             grad_z = grads["z"][sl] if grads["z"] is not None else stats[0, sl]
-            _loss_rows_kernel[(draft.shape[0],)](
+            args = (
                 draft, target, labels[sl].contiguous(), coef[sl].contiguous(),
                 confidence_logits[sl].detach().float().contiguous() if has_conf else stats[0, sl],
                 stats[0, sl], stats[1, sl], stats[2, sl], stats[3, sl], grad_z,
                 vocab, draft.stride(0), target.stride(0), ce_weight, l1_weight, conf_weight,
-                HAS_CONF=has_conf, WITH_GRAD=with_grad, **config,
             )
+            # The kernel overwrites the draft logits with their gradient, so it cannot be relaunched to time it.
+            launch("dspark_loss", _loss_rows_kernel, (draft.shape[0],), args,
+                   dict(HAS_CONF=has_conf, WITH_GRAD=with_grad), device=device, table=CONFIGS, key=(vocab,),
+                   tunable=False)
             if with_grad:  # draft now holds d loss / d draft logits for these rows
                 grads["hidden"][sl] = draft @ lm
                 if has_markov:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from dspark.kernels._tuning import accumulator, empty_output, select_config
+from dspark.kernels._tuning import accumulator, empty_output, launch
 
 CONFIGS = {
     "interpreter": [dict(BLOCK_V=16, BLOCK_K=8, num_warps=1, num_stages=1)],
@@ -193,18 +193,21 @@ def markov_sample_block(base_logits, hidden, anchor_ids, uniforms, weights, *, t
     params = torch.tensor([temperature, 1.0 if top_p is None else top_p], dtype=out_dtype, device=device)
     use_top_k = top_k is not None and top_k < vocab and temperature > 0
     use_top_p = top_p is not None and top_p < 1 and temperature > 0
-    config = select_config("markov", device, CONFIGS, lambda c: True, (vocab, rank))
-    _markov_sample_kernel[(num_requests,)](
+    args = (
         base_logits, anchor_ids.contiguous(), uniforms, w1, w2,
         draft_to_target.contiguous() if draft_to_target is not None else anchor_ids, params,
         tokens, probs,
         gamma, vocab, rank, top_k if use_top_k else 0,
         base_logits.stride(0), base_logits.stride(1), w1.stride(0), w2.stride(0), uniforms.stride(0),
         tokens.stride(0), probs.stride(0), probs.stride(1),
+    )
+    constexprs = dict(
         HAS_MARKOV=has_markov, HAS_D2T=draft_to_target is not None, GREEDY=temperature == 0,
         TOP_K=use_top_k, TOP_P=use_top_p,
         KEY=tl.int64 if out_dtype == torch.float64 else tl.int32,
         P_STEPS=62 if out_dtype == torch.float64 else 30,
-        ACC=acc, **config,
+        ACC=acc,
     )
+    launch("markov", _markov_sample_kernel, (num_requests,), args, constexprs, device=device, table=CONFIGS,
+           key=(vocab, rank))
     return tokens, probs

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from dspark.kernels._tuning import accumulator, empty_output, select_config
+from dspark.kernels._tuning import accumulator, empty_output, launch
 
 from dspark.verify import RESIDUAL_EPS, VerifyOutput
 
@@ -112,15 +112,16 @@ def verify(draft_tokens, draft_probs, target_probs, verify_len, accept_uniforms,
     num_committed = empty_output(num_requests, dtype=torch.long, device=device)
     finished = empty_output(num_requests, dtype=torch.int8, device=device)
     if num_requests:
-        config = select_config("verify", device, CONFIGS, lambda c: True, (vocab,))
-        _verify_kernel[(num_requests,)](
+        args = (
             draft_tokens, draft_probs, target_probs, verify_len.contiguous(), accept_uniforms,
             final_uniforms.contiguous(),
             num_accepted, outcome, next_token, committed, num_committed, finished,
             gamma, vocab, -1 if eos_token_id is None else int(eos_token_id),
             draft_tokens.stride(0), draft_probs.stride(0), draft_probs.stride(1), target_probs.stride(0),
             target_probs.stride(1), accept_uniforms.stride(0), outcome.stride(0), committed.stride(0),
-            HAS_EOS=eos_token_id is not None, RESIDUAL_EPS=RESIDUAL_EPS, ACC=accumulator(draft_probs.dtype),
-            **config,
         )
+        constexprs = dict(HAS_EOS=eos_token_id is not None, RESIDUAL_EPS=RESIDUAL_EPS,
+                          ACC=accumulator(draft_probs.dtype))
+        launch("verify", _verify_kernel, (num_requests,), args, constexprs, device=device, table=CONFIGS,
+               key=(vocab,))
     return VerifyOutput(num_accepted, outcome, next_token, committed, num_committed, finished.bool())

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from dspark.kernels._tuning import empty_output, next_power_of_2, select_config
+from dspark.kernels._tuning import empty_output, launch, next_power_of_2
 
 from dspark.scheduler import _bounds, _check_capacity
 
@@ -121,13 +121,12 @@ def _launch(confidence, mode, valid_len, min_len, max_len, *, sps=None, base_tok
         table, max_tokens = sps.sps.to(device), sps.max_tokens
     else:
         table, max_tokens = torch.ones(1, dtype=torch.float64, device=device), 0
-    config = select_config("scheduler", device, CONFIGS, lambda c: True, (num_requests, gamma))
     confidence = confidence.contiguous()
-    _schedule_kernel[(1,)](
-        confidence, lo.to(device), hi.to(device), table, out,
-        num_requests, gamma, base_tokens, max_tokens, budget, confidence.stride(0),
-        MODE=mode, BLOCK_R=next_power_of_2(num_requests), BLOCK_G=next_power_of_2(gamma), **config,
-    )
+    args = (confidence, lo.to(device), hi.to(device), table, out,
+            num_requests, gamma, base_tokens, max_tokens, budget, confidence.stride(0))
+    constexprs = dict(MODE=mode, BLOCK_R=next_power_of_2(num_requests), BLOCK_G=next_power_of_2(gamma))
+    launch("scheduler", _schedule_kernel, (1,), args, constexprs, device=device, table=CONFIGS,
+           key=(num_requests, gamma))
     return out
 
 
