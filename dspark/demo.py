@@ -35,8 +35,11 @@ def demo(per_domain: int = 2, max_new_tokens: int = 48) -> int:
     target = load_default_target()
     drafter, trained = load_demo_drafter(target)
     if trained:
+        meta = getattr(drafter, "metadata", {})
         print(f"Drafter: trained DSpark drafter, γ={drafter.config.block_size}, "
-              f"{drafter.config.num_draft_layers} layers, Markov rank {drafter.config.markov_rank}.")
+              f"{drafter.config.num_draft_layers} layer(s), Markov rank {drafter.config.markov_rank}, "
+              f"{meta.get('steps', '?')} steps on {meta.get('train_sequences', '?')} sequences on a CPU: small, so "
+              "expect a modest τ (paper/dspark.md).")
     else:
         print("Drafter: UNTRAINED (random weights). Its drafts are almost never accepted, so speculative decoding "
               "is slower here; the output is still exactly the target's.")
