@@ -279,7 +279,7 @@ def allocate_top_k(
 def fixed_length(confidence: torch.Tensor, length: int, valid_len: torch.Tensor | None = None) -> torch.Tensor:
     """Baseline: every request sends ``min(length, valid_len)`` drafts."""
     _check_schedule_inputs(confidence, valid_len, 0, None, 0)
-    lo, hi = _bounds(confidence, valid_len, 0, length)
+    _, hi = _bounds(confidence, valid_len, 0, length)
     return hi.to(confidence.device)
 
 

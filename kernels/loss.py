@@ -40,6 +40,14 @@ _BUFFER_BYTES = 256 * 2**20
 
 
 @triton.jit
+def _row_probs(draft_row, target_row, offs, mask, max_d, sum_d, max_t, sum_t):
+    """Draft and target probabilities of one vocabulary tile, from the row's max and sum of exponentials."""
+    pd = tl.exp(tl.load(draft_row + offs, mask=mask, other=float("-inf")).to(tl.float32) - max_d) / sum_d
+    pt = tl.exp(tl.load(target_row + offs, mask=mask, other=float("-inf")).to(tl.float32) - max_t) / sum_t
+    return pd, pt
+
+
+@triton.jit
 def _loss_rows_kernel(
     draft_ptr, target_ptr, labels_ptr, coef_ptr, z_ptr,
     ce_ptr, l1_ptr, accept_ptr, bce_ptr, grad_z_ptr,
@@ -72,8 +80,7 @@ def _loss_rows_kernel(
     for v0 in range(0, vocab, BLOCK_V):
         offs = v0 + tl.arange(0, BLOCK_V)
         mask = offs < vocab
-        pd = tl.exp(tl.load(draft_row + offs, mask=mask, other=float("-inf")).to(tl.float32) - max_d) / sum_d
-        pt = tl.exp(tl.load(target_row + offs, mask=mask, other=float("-inf")).to(tl.float32) - max_t) / sum_t
+        pd, pt = _row_probs(draft_row, target_row, offs, mask, max_d, sum_d, max_t, sum_t)
         diff = pd - pt
         l1_acc += tl.abs(diff)
         s_acc += tl.where(diff > 0, pd, tl.where(diff < 0, -pd, 0.0))
@@ -96,8 +103,7 @@ def _loss_rows_kernel(
         for v0 in range(0, vocab, BLOCK_V):
             offs = v0 + tl.arange(0, BLOCK_V)
             mask = offs < vocab
-            pd = tl.exp(tl.load(draft_row + offs, mask=mask, other=float("-inf")).to(tl.float32) - max_d) / sum_d
-            pt = tl.exp(tl.load(target_row + offs, mask=mask, other=float("-inf")).to(tl.float32) - max_t) / sum_t
+            pd, pt = _row_probs(draft_row, target_row, offs, mask, max_d, sum_d, max_t, sum_t)
             diff = pd - pt
             sign = tl.where(diff > 0, 1.0, tl.where(diff < 0, -1.0, 0.0))
             onehot = tl.where(offs == label, 1.0, 0.0)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from dspark.kernels._sampling import inverse_cdf_tile
 from dspark.kernels._tuning import accumulator, empty_output, launch
 
 CONFIGS = {
@@ -157,10 +158,7 @@ def _markov_sample_kernel(
                 offs = v0 + tl.arange(0, BLOCK_V)
                 mask = offs < vocab
                 p = tl.load(row + offs, mask=mask, other=0.0)
-                cdf = carry + tl.cumsum(p, 0)
-                below += tl.sum(((cdf <= threshold) & mask).to(tl.int64), 0)
-                last_positive = tl.maximum(last_positive, tl.max(tl.where((p > 0) & mask, offs, 0).to(tl.int64), 0))
-                carry = carry + tl.sum(p, 0)
+                carry, below, last_positive = inverse_cdf_tile(p, offs, mask, carry, threshold, below, last_positive)
             token = tl.minimum(below, last_positive)
         tl.store(tokens_ptr + r * stride_tr + k, token)
         if HAS_D2T:

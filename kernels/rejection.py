@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from dspark.kernels._sampling import inverse_cdf_tile
 from dspark.kernels._tuning import accumulator, empty_output, launch
 
 from dspark.verify import RESIDUAL_EPS, VerifyOutput
@@ -82,10 +83,7 @@ def _verify_kernel(
         p = tl.load(p_row + offs, mask=mask, other=0.0).to(ACC)
         q = tl.load(q_row + offs, mask=mask, other=0.0).to(ACC)
         x = tl.where(use_residual, tl.maximum(p - q, 0.0), p)
-        cdf = carry + tl.cumsum(x, 0)
-        below += tl.sum(((cdf <= threshold) & mask).to(tl.int64), 0)
-        last_positive = tl.maximum(last_positive, tl.max(tl.where((x > 0) & mask, offs, 0).to(tl.int64), 0))
-        carry = carry + tl.sum(x, 0)
+        carry, below, last_positive = inverse_cdf_tile(x, offs, mask, carry, threshold, below, last_positive)
     token = tl.minimum(below, last_positive)
     token = tl.where(ended == 1, -1, token)
     if ended == 0:

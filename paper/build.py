@@ -52,7 +52,9 @@ def section_acceptance(out: list[str], figures: Path) -> None:
             cells = {r["domain"]: r for r in rows if r["drafter"] == name and r["temperature"] == temperature}
             label = "DSpark" if name == "dspark" else "DFlash" if name == "dflash" else name
             paper = PAPER_TAU.get(label)
-            quoted = " / ".join(f"{paper[d]:.2f}" for d in ("math", "code", "chat")) if paper and temperature == 1 else ""
+            quoted = ""
+            if paper and temperature == 1:
+                quoted = " / ".join(f"{paper[d]:.2f}" for d in ("math", "code", "chat"))
             out.append(f"| {label} | {temperature:g} | " + " | ".join(f"{cells[d]['tau']:.3f}" for d in
                                                                     ("math", "code", "chat")) + f" | {quoted} |")
     out.append("")
