@@ -113,6 +113,12 @@ def sample(logits: torch.Tensor, config: SamplingConfig, generator: torch.Genera
     return sample_from_probs(probs, uniforms)
 
 
+def _finished(out: list[list[int]], active: torch.Tensor, eos: int | None, max_new_tokens: int) -> torch.Tensor:
+    """``[len(active)]`` bool: the request's last token is EOS, or it has all its tokens."""
+    return torch.tensor([(eos is not None and out[r][-1] == eos) or len(out[r]) >= max_new_tokens
+                         for r in active.tolist()], dtype=torch.bool)
+
+
 def _progress(total: int, enabled: bool, desc: str):
     if not enabled:
         return None
@@ -140,8 +146,7 @@ def generate(target, prompts: list[list[int]], config: SamplingConfig | None = N
             out[req].append(int(token[row]))
         if bar:
             bar.update(len(active))
-        done = torch.tensor([(eos is not None and out[r][-1] == eos) or len(out[r]) >= config.max_new_tokens
-                             for r in active.tolist()])
+        done = _finished(out, active, eos, config.max_new_tokens)
         if bool(done.all()):
             break
         if bool(done.any()):
@@ -212,9 +217,7 @@ class SpeculativeDecoder:
         return len(self.active) == 0
 
     def _drop_finished(self) -> None:
-        done = torch.tensor([(self.eos is not None and self.out[r][-1] == self.eos)
-                             or len(self.out[r]) >= self.config.max_new_tokens for r in self.active.tolist()],
-                            dtype=torch.bool)
+        done = _finished(self.out, self.active, self.eos, self.config.max_new_tokens)
         if bool(done.any()):
             keep = (~done).nonzero().squeeze(1)
             self.target.select(self.state, keep)
