@@ -368,6 +368,8 @@ class Trainer:
             totals += torch.tensor([float(out.ce), float(out.l1), float(out.bce)], dtype=torch.float64)
         params = [p for p in self.drafter.parameters() if p.requires_grad]
         for p in params:
+            if p.grad is None:  # a rank with no sequence this step still joins the reduction
+                p.grad = torch.zeros_like(p)
             self._all_reduce(p.grad)
         grad_norm = torch.nn.utils.clip_grad_norm_(params, self.config.clip_norm)
         for group in self.optimizer.param_groups:
