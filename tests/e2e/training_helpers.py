@@ -38,4 +38,6 @@ def distributed_worker(rank, world, init_file, out_file, steps):
     trainer.fit(progress=False)
     if rank == 0:
         safetensors.torch.save_file({k: v.contiguous() for k, v in trainer.drafter.state_dict().items()}, out_file)
+    # Both ranks leave together: a rank that tears gloo down while its peer still talks to it aborts.
+    torch.distributed.barrier()
     torch.distributed.destroy_process_group()
