@@ -169,23 +169,32 @@ def main(argv=None) -> int:
     for requests in request_counts:
         for name, moved, tiers in cases(device, requests, scale):
             row = {"op": name, "requests": requests, "scale": scale, "min_bytes": moved}
+            timed = []
             for tier, fn in tiers.items():
-                seconds = timeit(fn, device)
+                try:
+                    seconds = timeit(fn, device)
+                    mem = peak_memory(fn, device)
+                except Exception as error:  # a tier that fails is recorded, and the others still run
+                    row[f"{tier}_error"] = f"{type(error).__name__}: {error}"[:2000]
+                    print(f"{name:22s} R={requests:4d}  {tier} FAILED: {row[f'{tier}_error'][:300]}", flush=True)
+                    continue
+                timed.append(tier)
                 row[f"{tier}_ms"] = seconds * 1e3
                 row[f"{tier}_gbps"] = moved / seconds / 1e9
                 row[f"{tier}_peak_fraction"] = moved / seconds / peak
-                mem = peak_memory(fn, device)
                 if mem is not None:
                     row[f"{tier}_peak_mem_mib"] = mem / 2**20
             fast, slow = ("triton", "torch") if device == "cuda" else ("torch", "reference")
-            row[f"speedup_{fast}_over_{slow}"] = row[f"{slow}_ms"] / row[f"{fast}_ms"]
+            if fast in timed and slow in timed:
+                row[f"speedup_{fast}_over_{slow}"] = row[f"{slow}_ms"] / row[f"{fast}_ms"]
             rows.append(row)
             print(f"{name:22s} R={requests:4d}  " + "  ".join(
-                f"{t}={row[f'{t}_ms']:.3f}ms ({row[f'{t}_peak_fraction']:.1%} of peak)" for t in tiers))
-    path = write_result(f"kernels_{'gpu' if device == 'cuda' else 'cpu'}",
-                        {"peak_bandwidth_gbps": peak / 1e9, "rows": rows}, args.out)
+                f"{t}={row[f'{t}_ms']:.3f}ms ({row[f'{t}_peak_fraction']:.1%} of peak)" for t in timed), flush=True)
+            # Written after every row, so a run cut short still leaves what it measured.
+            path = write_result(f"kernels_{'gpu' if device == 'cuda' else 'cpu'}",
+                                {"peak_bandwidth_gbps": peak / 1e9, "rows": rows}, args.out)
     print(f"wrote {path}")
-    return 0
+    return 1 if any(k.endswith("_error") for row in rows for k in row) else 0
 
 
 if __name__ == "__main__":

@@ -38,6 +38,9 @@ def environment() -> dict:
 
 
 def _commit() -> str:
+    # A copy of the tree without .git (the lent GPU machine) is told its commit through the environment.
+    if os.environ.get("DSPARK_COMMIT"):
+        return os.environ["DSPARK_COMMIT"]
     try:
         root = Path(__file__).resolve().parents[1]
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True)

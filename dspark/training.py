@@ -23,7 +23,7 @@ import json
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -238,6 +238,7 @@ class TrainConfig:
     checkpoint_every: int = 0
     seed: int = 0
     loss_backend: str = "auto"
+    loss_chunk_rows: int | None = None
 
     def __post_init__(self):
         if self.objective not in ("dspark", "dflash"):
@@ -273,6 +274,9 @@ class BlockBatch:
     weights: torch.Tensor
     target_hidden: torch.Tensor
 
+    def to(self, device: torch.device) -> BlockBatch:
+        return BlockBatch(*(getattr(self, f.name).to(device) for f in fields(self)))
+
 
 def prepare_blocks(sample: Sample, taps: torch.Tensor, final_hidden: torch.Tensor, block_size: int,
                    num_anchors: int, decay: float, generator: torch.Generator) -> BlockBatch:
@@ -285,7 +289,10 @@ def prepare_blocks(sample: Sample, taps: torch.Tensor, final_hidden: torch.Tenso
 
 @dataclass
 class Trainer:
-    """Trains ``drafter`` on ``train`` samples; ``target_lm_head [V, H]`` gives the target's distributions."""
+    """Trains ``drafter`` on ``train`` samples; ``target_lm_head [V, H]`` gives the target's distributions.
+
+    Runs where the drafter's parameters are: features are read on the CPU and each step's blocks moved over.
+    """
 
     drafter: DSparkDrafter
     target_lm_head: torch.Tensor
@@ -313,6 +320,8 @@ class Trainer:
             mapping = self.drafter.draft_to_target
             self.target_lm_head = self.target_lm_head[mapping.to(self.target_lm_head.device)]
             self.label_index = target_to_draft(mapping, self.drafter.config.vocab_size)
+        self.device = next(self.drafter.parameters()).device
+        self.target_lm_head = self.target_lm_head.to(self.device)
 
     # -- distributed helpers
     @staticmethod
@@ -335,12 +344,14 @@ class Trainer:
             draft_labels = self.label_index[blocks.labels]
             blocks.weights = blocks.weights * (draft_labels >= 0)
             blocks.labels = draft_labels.clamp(min=0)
-        return blocks
+        return blocks.to(self.device)
 
     def _loss(self, blocks: BlockBatch, normalizer: torch.Tensor):
-        hidden, features, conf = self.drafter.training_outputs(
-            blocks.anchor_ids[None], blocks.anchor_pos[None], blocks.taps[None], blocks.next_ids[None],
-            blocks.block_valid[None])
+        # fp32 on the CPU; bf16 autocast for the drafter's matmuls on a GPU (the loss upcasts after load).
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
+            hidden, features, conf = self.drafter.training_outputs(
+                blocks.anchor_ids[None], blocks.anchor_pos[None], blocks.taps[None], blocks.next_ids[None],
+                blocks.block_valid[None])
         d = hidden.shape[-1]
         w2 = self.drafter.markov_head.markov_w2.weight if features is not None else None
         return dspark_loss(
@@ -348,7 +359,8 @@ class Trainer:
             self.target_lm_head, blocks.labels.reshape(-1), blocks.weights.reshape(-1),
             markov_emb=None if features is None else features.reshape(-1, features.shape[-1]), markov_w2=w2,
             confidence_logits=None if conf is None or self.config.objective == "dflash" else conf.reshape(-1),
-            normalizer=normalizer, backend=self.config.loss_backend, **self.config.loss_weights())
+            normalizer=normalizer, chunk_rows=self.config.loss_chunk_rows, backend=self.config.loss_backend,
+            **self.config.loss_weights())
 
     def train_step(self) -> dict:
         """One optimiser step over ``sequences_per_step`` sequences (this rank's share of them)."""
@@ -404,8 +416,8 @@ class Trainer:
             logits, _ = self.drafter.training_logits(b.anchor_ids[None], b.anchor_pos[None], b.taps[None],
                                                      b.next_ids[None], b.block_valid[None])
             hits = (logits[0].argmax(-1) == b.labels) & mask
-            correct += hits.float().sum(0)
-            counted += mask.float().sum(0)
+            correct += hits.float().sum(0).cpu()
+            counted += mask.float().sum(0).cpu()
         n = len(samples)
         return {"eval_ce": float(loss_parts[0]) / n, "eval_l1": float(loss_parts[1]) / n,
                 "eval_bce": float(loss_parts[2]) / n, "eval_tau_prob": tau_sum / max(blocks_seen, 1),
@@ -488,12 +500,15 @@ class Trainer:
 def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "dspark", num_prompts: int = 160,
                           max_new_tokens: int = 96, steps: int = 200, num_draft_layers: int = 1,
                           markov_rank: int = 32, block_size: int = 7, num_anchors: int = 32,
-                          work_dir: str | os.PathLike | None = None, progress: bool = True) -> Path:
+                          work_dir: str | os.PathLike | None = None, calibrate: bool = True,
+                          progress: bool = True) -> Path:
     """Train a drafter for SmolLM2-135M-Instruct on ShareGPT prompts answered by the target, on the CPU.
 
     Answers and target features are cached under ``work_dir`` (default ``$DSPARK_CACHE/training``), so a
     rerun, or a second objective on the same data, skips straight to training; training checkpoints there
-    every 25 steps and resumes. The drafter is written to ``output_dir`` in bf16 without the shared weights.
+    every 25 steps (one directory per objective, depth, block size and step count) and resumes. With
+    ``calibrate`` a DSpark drafter gets STS temperatures from held-out decoding. The drafter is written to
+    ``output_dir`` in bf16 without the shared weights.
     """
     import safetensors.torch
 
@@ -535,13 +550,13 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
                                eval_every=25, checkpoint_every=25)
     trainer = Trainer(drafter, target.lm_head_weight(), source, samples[:-split], train_config,
                       held_out=samples[-split:])
-    checkpoint = work / f"checkpoint-{objective}"
+    checkpoint = work / f"checkpoint-{objective}-layers{num_draft_layers}-block{block_size}-steps{steps}"
     if (checkpoint / "trainer_state.json").exists():
         trainer.resume(checkpoint, target)
     trainer.fit(output_dir=checkpoint, progress=progress)
     metadata = {"objective": objective, "steps": trainer.step, "train_sequences": len(trainer.train),
                 "held_out_sequences": split, "final": trainer.history[-1] if trainer.history else {}}
-    if is_dspark:
+    if is_dspark and calibrate:
         metadata["sts"] = calibrate_on_samples(target, trainer.drafter.eval(), trainer.held_out)
     return save_drafter(trainer.drafter, output_dir, dtype=torch.bfloat16, metadata=metadata)
 

@@ -1,0 +1,132 @@
+"""Target steps per second against verify tokens per step, the SPS table the scheduler plans with (SPEC §5.1).
+
+One verify pass with B tokens is ``R`` requests of ``t`` new tokens each (t = γ + 1 = 8 once B ≥ 8, so
+B = 8 … 512 is 1 … 64 requests verifying full blocks; B < 8 is one request), every request over its own
+KV cache of ``--context`` tokens. Each step runs the target's forward in eager Hugging Face transformers
+(sdpa attention), then the cache is cropped back, so every repeat sees the same context. The median of
+``--repeats`` timed steps after a warm-up is the latency; SPS = 1 / latency.
+
+* ``--device cpu``: the real default target (SmolLM2-135M-Instruct, fp32) on this machine.
+* ``--device cuda``: random-weight bf16 models of two architectures, SmolLM2-135M and Qwen3-8B (the
+  paper's scale). Latency does not depend on weight values, so random weights measure the real curve.
+
+    python benchmarks/bench_sps.py --device cpu
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.environment import write_result  # noqa: E402
+
+TOKENS_PER_REQUEST = 8
+COUNTS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512]
+
+ARCHITECTURES = {
+    "smollm2-135m": dict(model_type="llama", hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                         num_attention_heads=9, num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True,
+                         max_position_embeddings=8192, rope_theta=100000.0),
+    "qwen3-8b": dict(model_type="qwen3", hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                     num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=151936,
+                     tie_word_embeddings=False, max_position_embeddings=40960, rope_theta=1000000.0),
+}
+
+
+def random_model(name: str, device: str, dtype: torch.dtype):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    spec = dict(ARCHITECTURES[name])
+    config = AutoConfig.for_model(spec.pop("model_type"), **spec)
+    config._attn_implementation = "sdpa"
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    return model.eval()
+
+
+def layout(count: int) -> tuple[int, int]:
+    """(requests, tokens each) for a verify pass of ``count`` tokens."""
+    if count < TOKENS_PER_REQUEST:
+        return 1, count
+    if count % TOKENS_PER_REQUEST:
+        raise ValueError(f"token counts from {TOKENS_PER_REQUEST} up must be multiples of {TOKENS_PER_REQUEST}")
+    return count // TOKENS_PER_REQUEST, TOKENS_PER_REQUEST
+
+
+@torch.no_grad()
+def profile(model, counts: list[int], context: int, repeats: int, device: str) -> list[dict]:
+    from transformers import DynamicCache
+
+    vocab = model.config.vocab_size
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    rows, caches = [], {}
+    for count in counts:
+        requests, tokens = layout(count)
+        if requests not in caches:
+            caches.clear()  # keep one context batch alive at a time
+            cache = DynamicCache()
+            prompt = torch.randint(vocab, (requests, context), generator=gen).to(device)
+            model(input_ids=prompt, past_key_values=cache, use_cache=True)
+            caches[requests] = cache
+        cache = caches[requests]
+        ids = torch.randint(vocab, (requests, tokens), generator=gen).to(device)
+        positions = torch.arange(context, context + tokens, device=device).expand(requests, -1)
+
+        def step(ids=ids, positions=positions, cache=cache, tokens=tokens):
+            model(input_ids=ids, position_ids=positions, past_key_values=cache, use_cache=True)
+            cache.crop(-tokens)
+            if device == "cuda":
+                torch.cuda.synchronize()
+
+        step()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - start)
+        seconds = statistics.median(times)
+        rows.append({"tokens": count, "requests": requests, "tokens_per_request": tokens, "seconds": seconds,
+                     "sps": 1.0 / seconds})
+        print(f"  B={count:4d} ({requests:3d} × {tokens}): {seconds * 1e3:8.2f} ms  SPS {1 / seconds:8.1f}", flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--context", type=int, default=None, help="KV tokens per request (cpu 256, cuda 1024)")
+    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    profiles = []
+    if args.device == "cpu":
+        from dspark.target import load_default_target
+
+        context, repeats = args.context or 256, args.repeats or 3
+        target = load_default_target()
+        print(f"SmolLM2-135M-Instruct (real weights, fp32), context {context}")
+        profiles.append({"model": "SmolLM2-135M-Instruct", "weights": "real", "dtype": "float32",
+                         "context": context, "rows": profile(target.model, COUNTS, context, repeats, "cpu")})
+    else:
+        context, repeats = args.context or 1024, args.repeats or 10
+        for name in ARCHITECTURES:
+            model = random_model(name, "cuda", torch.bfloat16)
+            print(f"{name} (random weights, bf16), context {context}")
+            profiles.append({"model": name, "weights": "random", "dtype": "bfloat16", "context": context,
+                             "rows": profile(model, COUNTS, context, repeats, "cuda")})
+            del model
+            torch.cuda.empty_cache()
+    print(write_result(f"sps_{args.device}", {"tokens_per_request": TOKENS_PER_REQUEST, "profiles": profiles},
+                       args.out))
+
+
+if __name__ == "__main__":
+    main()

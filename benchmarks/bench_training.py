@@ -1,0 +1,147 @@
+"""Peak training memory and tokens/s: the plain loss against the chunked and the fused (Triton) loss.
+
+Each variant trains the same drafter on the same synthetic features (random target hidden states of the
+right shapes: speed and memory do not depend on their values) for a few :class:`dspark.training.Trainer`
+steps, in a fresh process so that peaks do not mix:
+
+* ``plain``: the PyTorch loss with every ``[rows, V]`` fp32 logit tensor alive at once;
+* ``chunked``: the PyTorch loss over ``--chunk-rows`` rows at a time, recomputed in backward;
+* ``fused``: the Triton loss kernel (GPU only; the CPU interpreter says nothing about speed).
+
+Peak memory is the process's peak resident set on the CPU (``ru_maxrss``, measured above what it held
+before the first step) and ``torch.cuda.max_memory_allocated`` above the same baseline on a GPU.
+Tokens/s counts the block slots trained per second (anchors × γ per sequence), median over timed steps.
+
+    python benchmarks/bench_training.py --device cpu --scale default
+    python benchmarks/bench_training.py --device cuda --scale paper
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.environment import write_result  # noqa: E402
+
+# default: SmolLM2-135M-Instruct's drafter as the shipped recipe trains it; paper: a Qwen3-8B drafter at
+# the DeepSpec recipe's 512 anchors per sequence, the shape of SPEC §7's memory pitfall.
+SCALES = {
+    "default": dict(hidden=576, heads=9, kv_heads=3, intermediate=1536, vocab=49152, target_layers=30, rank=32,
+                    anchors=32, sequences=2, seq_len=320),
+    "paper": dict(hidden=4096, heads=32, kv_heads=8, intermediate=12288, vocab=151936, target_layers=36, rank=256,
+                  anchors=512, sequences=1, seq_len=4096),
+}
+
+
+class SyntheticFeatures:
+    """Random taps and final hidden states, made once per sequence (so timing excludes their creation)."""
+
+    def __init__(self, seq_len: int, taps: int, hidden: int, count: int):
+        gen = torch.Generator().manual_seed(1)
+        self.rows = [(torch.randn(seq_len, taps * hidden, generator=gen),
+                      torch.randn(seq_len, hidden, generator=gen)) for _ in range(count)]
+
+    def features(self, index, sample):
+        return self.rows[index]
+
+
+def rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def measure(variant: str, scale: str, device: str, steps: int, chunk_rows: int) -> dict:
+    from dspark import DSparkConfig, DSparkDrafter
+    from dspark.training import Sample, TrainConfig, Trainer
+
+    s = SCALES[scale]
+    torch.manual_seed(0)
+    taps = [1, s["target_layers"] // 4, s["target_layers"] // 2, 3 * s["target_layers"] // 4, s["target_layers"] - 3]
+    config = DSparkConfig(vocab_size=s["vocab"], hidden_size=s["hidden"], num_attention_heads=s["heads"],
+                          num_key_value_heads=s["kv_heads"], intermediate_size=s["intermediate"],
+                          num_target_layers=s["target_layers"], target_layer_ids=taps, mask_token_id=s["vocab"] - 1,
+                          block_size=7, num_draft_layers=1, markov_rank=s["rank"])
+    drafter = DSparkDrafter(config)
+    with torch.no_grad():
+        drafter.init_weights()
+    drafter.to(device)
+    lm_head = torch.randn(s["vocab"], s["hidden"], device=device) * 0.02
+    drafter.load_target_embeddings(lm_head.clone(), lm_head)
+    gen = torch.Generator().manual_seed(2)
+    samples = []
+    for _ in range(s["sequences"]):
+        ids = torch.randint(s["vocab"] - 1, (s["seq_len"],), generator=gen)
+        mask = torch.zeros(s["seq_len"], dtype=torch.bool)
+        mask[s["seq_len"] // 8:] = True
+        samples.append(Sample(ids, mask))
+    source = SyntheticFeatures(s["seq_len"], len(taps), s["hidden"], len(samples))
+    backend = {"plain": "torch", "chunked": "torch", "fused": "triton"}[variant]
+    train_config = TrainConfig(steps=steps + 2, num_anchors=s["anchors"], sequences_per_step=s["sequences"],
+                               eval_every=0, loss_backend=backend,
+                               loss_chunk_rows=chunk_rows if variant == "chunked" else None)
+    trainer = Trainer(drafter, lm_head, source, samples, train_config)
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    else:
+        base = rss_bytes()
+    trainer.train_step()  # warm-up: kernels compiled, optimiser state allocated
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        trainer.train_step()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    peak = (torch.cuda.max_memory_allocated() if device == "cuda" else rss_bytes()) - base
+    slots = s["anchors"] * config.block_size * s["sequences"]
+    seconds = statistics.median(times)
+    return {"variant": variant, "scale": scale, "chunk_rows": chunk_rows if variant == "chunked" else None,
+            "rows_per_step": slots, "vocab": s["vocab"], "seconds_per_step": seconds, "tokens_per_s": slots / seconds,
+            "peak_bytes_above_start": peak}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--scale", choices=list(SCALES), default="default")
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--chunk-rows", type=int, default=128)
+    parser.add_argument("--variant", default=None, help=argparse.SUPPRESS)  # the child process's one variant
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    if args.variant:
+        print(json.dumps(measure(args.variant, args.scale, args.device, args.steps, args.chunk_rows)))
+        return
+    variants = ["plain", "chunked"] + (["fused"] if args.device == "cuda" else [])
+    rows = []
+    for variant in variants:
+        cmd = [sys.executable, __file__, "--variant", variant, "--device", args.device, "--scale", args.scale,
+               "--steps", str(args.steps), "--chunk-rows", str(args.chunk_rows)]
+        # A fixed mmap threshold makes glibc hand large freed blocks straight back, so RSS tracks live memory.
+        env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"}
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if done.returncode:
+            rows.append({"variant": variant, "scale": args.scale, "error": done.stderr.strip()[-2000:]})
+            print(f"{variant}: failed\n{done.stderr[-2000:]}", flush=True)
+            continue
+        row = json.loads(done.stdout.strip().splitlines()[-1])
+        rows.append(row)
+        peak_mib = row["peak_bytes_above_start"] / 2**20
+        print(f"{variant:8s} {row['tokens_per_s']:10.0f} tokens/s  peak +{peak_mib:9.1f} MiB", flush=True)
+    print(write_result(f"training_{args.device}_{args.scale}", {"rows": rows}, args.out))
+
+
+if __name__ == "__main__":
+    main()
