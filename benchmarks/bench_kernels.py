@@ -159,6 +159,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--requests", type=int, nargs="+", default=None)
+    parser.add_argument("--ops", nargs="+", default=None, help="only these computations (default: all)")
     parser.add_argument("--out", type=Path, default=None, help="results directory (default benchmarks/results)")
     args = parser.parse_args(argv)
     device = args.device
@@ -168,6 +169,8 @@ def main(argv=None) -> int:
     rows = []
     for requests in request_counts:
         for name, moved, tiers in cases(device, requests, scale):
+            if args.ops and name not in args.ops:
+                continue
             row = {"op": name, "requests": requests, "scale": scale, "min_bytes": moved}
             timed = []
             for tier, fn in tiers.items():

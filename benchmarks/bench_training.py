@@ -71,10 +71,10 @@ def measure(variant: str, scale: str, device: str, steps: int, chunk_rows: int) 
                           num_key_value_heads=s["kv_heads"], intermediate_size=s["intermediate"],
                           num_target_layers=s["target_layers"], target_layer_ids=taps, mask_token_id=s["vocab"] - 1,
                           block_size=7, num_draft_layers=1, markov_rank=s["rank"])
-    drafter = DSparkDrafter(config)
-    with torch.no_grad():
-        drafter.init_weights()
-    drafter.to(device)
+    with torch.device(device):  # built in place: initialising paper-scale tables on the CPU takes a minute
+        drafter = DSparkDrafter(config)
+        with torch.no_grad():
+            drafter.init_weights()
     lm_head = torch.randn(s["vocab"], s["hidden"], device=device) * 0.02
     drafter.load_target_embeddings(lm_head.clone(), lm_head)
     gen = torch.Generator().manual_seed(2)
@@ -118,13 +118,14 @@ def main() -> None:
     parser.add_argument("--scale", choices=list(SCALES), default="default")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--chunk-rows", type=int, default=128)
+    parser.add_argument("--variants", nargs="+", choices=["plain", "chunked", "fused"], default=None)
     parser.add_argument("--variant", default=None, help=argparse.SUPPRESS)  # the child process's one variant
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     if args.variant:
         print(json.dumps(measure(args.variant, args.scale, args.device, args.steps, args.chunk_rows)))
         return
-    variants = ["plain", "chunked"] + (["fused"] if args.device == "cuda" else [])
+    variants = args.variants or ["plain", "chunked"] + (["fused"] if args.device == "cuda" else [])
     rows = []
     for variant in variants:
         cmd = [sys.executable, __file__, "--variant", variant, "--device", args.device, "--scale", args.scale,

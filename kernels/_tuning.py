@@ -62,9 +62,16 @@ def select_config(
     cache_key = (name, arch, key)
     if cache_key not in _chosen:
         import triton.testing
+        from triton.runtime.errors import OutOfResources
 
-        timings = [(triton.testing.do_bench(lambda c=c: run(_strip(c)), warmup=5, rep=20), i)
-                   for i, c in enumerate(candidates)]
+        timings = []
+        for i, c in enumerate(candidates):
+            try:
+                timings.append((triton.testing.do_bench(lambda c=c: run(_strip(c)), warmup=5, rep=20), i))
+            except OutOfResources:
+                continue  # the size estimate let through a config this compiler cannot fit: skip it
+        if not timings:
+            raise ValueError(f"no {name} launch config compiled for shape {key} on {arch}")
         _chosen[cache_key] = _strip(candidates[min(timings)[1]])
     return _chosen[cache_key]
 
@@ -80,6 +87,13 @@ def launch(name: str, kernel, grid: tuple, args: tuple, constexprs: dict, *, dev
         kernel[grid](*args, **constexprs, **config)
 
     run(select_config(name, device, table, fits, key, run if tunable else None))
+
+
+def shared_memory_bytes(device: torch.device) -> int:
+    """Shared memory one program may use on ``device`` (the opt-in limit); 160 KiB off CUDA (interpreter)."""
+    if device.type != "cuda":
+        return 160 * 1024
+    return getattr(torch.cuda.get_device_properties(device), "shared_memory_per_block_optin", 99 * 1024)
 
 
 def _strip(config: dict) -> dict:

@@ -15,11 +15,12 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from dspark.kernels._tuning import accumulator, empty_output, launch, next_power_of_2
+from dspark.kernels._tuning import accumulator, empty_output, launch, next_power_of_2, shared_memory_bytes
 
 CONFIGS = {
     "interpreter": [dict(BLOCK_N=8, num_warps=1, num_stages=1)],
-    "sm90": [dict(BLOCK_N=64, num_warps=4, num_stages=3), dict(BLOCK_N=128, num_warps=8, num_stages=3),
+    "sm90": [dict(BLOCK_N=64, num_warps=4, num_stages=3), dict(BLOCK_N=32, num_warps=4, num_stages=3),
+             dict(BLOCK_N=128, num_warps=8, num_stages=3), dict(BLOCK_N=64, num_warps=4, num_stages=2),
              dict(BLOCK_N=32, num_warps=4, num_stages=2)],
     "sm100": [dict(BLOCK_N=128, num_warps=8, num_stages=3, label="unmeasured"),
               dict(BLOCK_N=64, num_warps=4, num_stages=4, label="unmeasured")],
@@ -113,8 +114,14 @@ def _forward(q, k_ctx, v_ctx, k_blk, v_blk, ctx_len, block_valid, scale):
     block_m = max(16, next_power_of_2(gamma * group))
     block_d = max(16, next_power_of_2(head_dim))
 
-    def fits(c):  # q, acc and one K/V tile pair must fit in registers/shared memory
-        return (block_m + 2 * c["BLOCK_N"]) * block_d * 4 <= 160 * 1024
+    smem = shared_memory_bytes(q.device)
+
+    def fits(c):
+        # Pipelined fp32 K/V tiles (num_stages copies) plus the dot operands' staging buffers. Triton 3.6
+        # asked 272 KiB for BLOCK_N=64, 3 stages, head_dim 128 on an H200 (227 KiB); this bound gives 288.
+        staged = c["num_stages"] * 2 * c["BLOCK_N"] * block_d * 4
+        operands = 2 * (block_m + c["BLOCK_N"]) * block_d * 4
+        return staged + operands <= smem
 
     args = (
         q, k_ctx, v_ctx, k_blk, v_blk, ctx_len.contiguous(), block_valid.to(torch.int8).contiguous(), scale_t, out,

@@ -64,9 +64,13 @@ def test_markov_sampler_paper_scale(sampling):
     for dtype in (torch.float32, torch.bfloat16):
         args = _markov_inputs(64, dtype)
         tokens, probs = sample_block(*args, backend="triton", **kw)
-        _, torch_probs = sample_block(*args, backend="torch", **kw)
+        torch_tokens, torch_probs = sample_block(*args, backend="torch", **kw)
+        # Slot k's distribution depends on the token drawn at k − 1, so the paths are comparable up to and
+        # including each request's first token flip (a flip is a rounding-level tie, checked below).
+        flipped = (tokens != torch_tokens).long().cumsum(-1)
+        comparable = torch.cat([torch.zeros_like(flipped[:, :1]), flipped[:, :-1]], -1) == 0
         # bf16 inputs are upcast after load on both paths; fp32 sums of 151936 terms differ by ~1e-6 relative.
-        assert_close(probs, torch_probs, rtol=1e-4, atol=1e-7, name=f"{dtype} probs")
+        assert_close(probs[comparable], torch_probs[comparable], rtol=1e-4, atol=1e-7, name=f"{dtype} probs")
         if temperature > 0:
             _assert_inverse_cdf(tokens, probs, args[3].float())
 
