@@ -45,7 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--per-domain", type=int, default=2, help="prompts per domain (math, code, chat)")
     demo.add_argument("--max-new-tokens", type=int, default=48)
     train = sub.add_parser("train", help="train a drafter for the default target on the CPU (cached data)")
-    train.add_argument("--objective", choices=["dspark", "dflash"], default="dspark")
+    train.add_argument("--objective", choices=["dspark", "dflash", "eagle3"], default="dspark")
+    train.add_argument("--layers", type=int, default=1, help="draft layers (eagle3: 1)")
+    train.add_argument("--block-size", type=int, default=7, help="γ, the block (or chain) length")
     train.add_argument("--steps", type=int, default=200)
     train.add_argument("--prompts", type=int, default=160)
     train.add_argument("--output", default=None, help="default: the cache the demo reads")
@@ -73,9 +75,9 @@ def main(argv: list[str] | None = None) -> int:
         from dspark.checkpoint import default_drafter_dir
         from dspark.training import train_default_drafter
 
-        output = args.output or (default_drafter_dir() if args.objective == "dspark" else
-                                 default_drafter_dir().with_name("smollm2-135m-instruct-dflash"))
-        path = train_default_drafter(output, objective=args.objective, steps=args.steps, num_prompts=args.prompts)
+        output = args.output or default_drafter_dir().with_name(f"smollm2-135m-instruct-{args.objective}")
+        path = train_default_drafter(output, objective=args.objective, steps=args.steps, num_prompts=args.prompts,
+                                     num_draft_layers=args.layers, block_size=args.block_size)
         print(f"wrote {path}")
         return 0
     if args.command == "example":

@@ -259,13 +259,16 @@ class BlockBackbone(nn.Module):
         )
 
     @torch.no_grad()
-    def extend_cache(self, cache: ContextCache, tap_features: torch.Tensor, num_new: torch.Tensor) -> None:
+    def extend_cache(self, cache: ContextCache, tap_features: torch.Tensor, num_new: torch.Tensor,
+                     token_ids: torch.Tensor | None = None) -> None:
         """Append ``num_new[b]`` context rows per request (ragged) at positions ``lengths[b], …``.
 
         Args:
             tap_features: ``[B, n_max, taps·H_t]``: the target features of the newly committed tokens
                 ``[old anchor, accepted drafts]``; rows past ``num_new[b]`` are ignored.
             num_new: ``[B]`` rows to take per request (0 allowed).
+            token_ids: the committed tokens at those rows; unused here (DSpark's context is features only),
+                accepted so that every drafter takes what the decoder passes.
         """
         check_tensor("tap_features", tap_features, shape=(cache.batch_size, None, None), floating=True)
         check_tensor("num_new", num_new, shape=(cache.batch_size,), integer=True)

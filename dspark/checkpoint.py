@@ -49,8 +49,8 @@ def write_drafter_files(drafter: DSparkDrafter, directory: Path, *, include_shar
         if dtype is not None and value.is_floating_point():
             value = value.to(dtype)
         tensors[name] = value
-    config = {"format": FORMAT, "dspark_config": drafter.config.to_dict(), "includes_shared": include_shared,
-              "metadata": metadata or {}}
+    config = {"format": FORMAT, "architecture": getattr(drafter, "architecture", "dspark"),
+              "dspark_config": drafter.config.to_dict(), "includes_shared": include_shared, "metadata": metadata or {}}
     (directory / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     safetensors.torch.save_file(tensors, directory / "model.safetensors")
 
@@ -67,12 +67,24 @@ def read_checkpoint_config(directory: str | os.PathLike) -> dict:
 
 
 def load_drafter(directory: str | os.PathLike, target=None, *, dtype: torch.dtype = torch.float32) -> DSparkDrafter:
-    """Rebuild a drafter from :func:`save_drafter`'s output; ``target`` supplies the shared weights if absent."""
+    """Rebuild a drafter from :func:`save_drafter`'s output; ``target`` supplies the shared weights if absent.
+
+    DSpark and DFlash checkpoints give a :class:`DSparkDrafter`, EAGLE-3 ones an
+    :class:`dspark.eagle3.Eagle3Drafter`.
+    """
     import safetensors.torch
 
     meta = read_checkpoint_config(directory)
     config = DSparkConfig.from_dict(meta["dspark_config"])
-    drafter = DSparkDrafter(config)
+    architecture = meta.get("architecture", "dspark")
+    if architecture == "eagle3":
+        from dspark.eagle3 import Eagle3Drafter
+
+        drafter = Eagle3Drafter(config)
+    elif architecture == "dspark":
+        drafter = DSparkDrafter(config)
+    else:
+        raise ValueError(f"unknown drafter architecture {architecture!r} in {directory}")
     tensors = safetensors.torch.load_file(Path(directory) / "model.safetensors")
     missing, unexpected = drafter.load_state_dict(tensors, strict=False)
     if unexpected:

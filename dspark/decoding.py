@@ -90,7 +90,7 @@ def _check_prompts(prompts: list[list[int]], vocab: int) -> None:
 
 
 def prefill(target, prompts: list[list[int]]):
-    """Feed right-padded prompts. Returns ``(state, last_logits [B, V], taps [B, L, F], lengths [B])``."""
+    """Feed right-padded prompts. Returns ``(state, last_logits [B, V], taps [B, L, F], lengths [B], ids [B, L])``."""
     device = target.device
     lengths = torch.tensor([len(p) for p in prompts], device=device)
     width = int(lengths.max())
@@ -103,7 +103,7 @@ def prefill(target, prompts: list[list[int]]):
     step = target.forward(state, ids, slots, valid)
     state.next_pos = lengths.clone()
     last = step.logits[torch.arange(len(prompts), device=device), lengths - 1]
-    return state, last, step.taps, lengths
+    return state, last, step.taps, lengths, ids
 
 
 def sample(logits: torch.Tensor, config: SamplingConfig, generator: torch.Generator) -> torch.Tensor:
@@ -137,7 +137,7 @@ def generate(target, prompts: list[list[int]], config: SamplingConfig | None = N
     gen = torch.Generator().manual_seed(config.seed)
     bar = _progress(len(prompts) * config.max_new_tokens, progress, "target-only")
     start = time.perf_counter()
-    state, logits, _, _ = prefill(target, prompts)
+    state, logits, *_ = prefill(target, prompts)
     out: list[list[int]] = [[] for _ in prompts]
     active = torch.arange(len(prompts))
     token = sample(logits, config, gen)
@@ -201,10 +201,10 @@ class SpeculativeDecoder:
         self.stats = AcceptanceStats(self.gamma)
         self.timings = {"prefill": 0.0, "draft": 0.0, "schedule": 0.0, "verify": 0.0}
         t0 = time.perf_counter()
-        self.state, logits, taps, lengths = prefill(self.target, prompts)
+        self.state, logits, taps, lengths, ids = prefill(self.target, prompts)
         self.cache = self.drafter.new_cache(len(prompts), capacity=int(lengths.max()) + 16, device=self.device,
                                             dtype=self.dtype)
-        self.drafter.extend_cache(self.cache, taps.to(self.dtype), lengths)
+        self.drafter.extend_cache(self.cache, taps.to(self.dtype), lengths, token_ids=ids)
         self.anchor = sample(logits, self.config, self.generator).to(self.device)
         self.out: list[list[int]] = [[int(t)] for t in self.anchor.tolist()]
         self.active = torch.arange(len(prompts))
@@ -260,7 +260,8 @@ class SpeculativeDecoder:
         kept = result.num_accepted + 1  # x_0 and the accepted drafts now hold committed tokens
         self.target.keep(self.state, width, kept)
         self.state.next_pos = self.state.next_pos + kept
-        self.drafter.extend_cache(self.cache, step.taps[:, : int(kept.max())].to(self.dtype), kept)
+        self.drafter.extend_cache(self.cache, step.taps[:, : int(kept.max())].to(self.dtype), kept,
+                                  token_ids=fed[:, : int(kept.max())])
         t3 = time.perf_counter()
         self.timings["draft"] += t1 - t0
         self.timings["schedule"] += t2 - t1

@@ -223,7 +223,8 @@ def regenerate(target, prompts: list[str], *, max_new_tokens: int = 128, tempera
 
 @dataclass
 class TrainConfig:
-    """Recipe (SPEC §2.8, scaled down). ``objective``: ``dspark`` (0.1·CE + 0.9·L1 + BCE) or ``dflash`` (CE)."""
+    """Recipe (SPEC §2.8, scaled down). ``objective``: ``dspark`` (0.1·CE + 0.9·L1 + BCE), ``dflash`` (CE), or
+    ``eagle3`` (the unrolled soft-CE of :class:`dspark.eagle3.Eagle3Drafter`, SPEC §7.1; anchors unused)."""
 
     steps: int = 200
     lr: float = 6e-4
@@ -241,13 +242,13 @@ class TrainConfig:
     loss_chunk_rows: int | None = None
 
     def __post_init__(self):
-        if self.objective not in ("dspark", "dflash"):
-            raise ValueError(f"objective must be 'dspark' or 'dflash', got {self.objective!r}")
+        if self.objective not in ("dspark", "dflash", "eagle3"):
+            raise ValueError(f"objective must be 'dspark', 'dflash' or 'eagle3', got {self.objective!r}")
         if self.steps < 1 or self.sequences_per_step < 1 or self.num_anchors < 1:
             raise ValueError("steps, sequences_per_step and num_anchors must be positive")
 
     def loss_weights(self) -> dict:
-        if self.objective == "dflash":
+        if self.objective in ("dflash", "eagle3"):
             return dict(ce_weight=1.0, l1_weight=0.0, confidence_weight=0.0)
         return dict(ce_weight=0.1, l1_weight=0.9, confidence_weight=1.0)
 
@@ -306,6 +307,8 @@ class Trainer:
     def __post_init__(self):
         if self.config.objective == "dspark" and not self.drafter.config.enable_confidence_head:
             raise ValueError("the dspark objective trains a confidence head: enable it, or use objective='dflash'")
+        if (self.config.objective == "eagle3") != (getattr(self.drafter, "architecture", "dspark") == "eagle3"):
+            raise ValueError("objective 'eagle3' trains an Eagle3Drafter, and an Eagle3Drafter only that objective")
         params = [p for p in self.drafter.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=self.config.lr, weight_decay=self.config.weight_decay,
                                            betas=(0.9, 0.95))
@@ -362,22 +365,41 @@ class Trainer:
             normalizer=normalizer, chunk_rows=self.config.loss_chunk_rows, backend=self.config.loss_backend,
             **self.config.loss_weights())
 
+    def _ttt(self, index: int, sample: Sample, normalizer: torch.Tensor):
+        taps, hidden = self.source.features(index if sample.key is None else sample.key, sample)
+        taps, hidden = taps.to(self.device), hidden.to(self.device)
+        with torch.no_grad():
+            target_probs = torch.softmax(hidden.float() @ self.target_lm_head.float().T, -1)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
+            return self.drafter.ttt_loss(sample.token_ids.to(self.device), taps, target_probs,
+                                         sample.loss_mask.to(self.device), normalizer)
+
     def train_step(self) -> dict:
         """One optimiser step over ``sequences_per_step`` sequences (this rank's share of them)."""
         rank, world = self._world()
         per = self.config.sequences_per_step
         indices = [(self.step * per + i) % len(self.train) for i in range(per)]
         mine = [(i, idx) for i, idx in enumerate(indices) if i % world == rank]
-        blocks = [self._blocks(self.step, idx, self.train[idx]) for _, idx in mine]
-        normalizer = self._all_reduce(torch.tensor(float(sum(float(b.weights.sum()) for b in blocks)),
-                                                   dtype=torch.float64))
         self.drafter.train()
         self.optimizer.zero_grad(set_to_none=False)
         totals = torch.zeros(3, dtype=torch.float64)
-        for b in blocks:
-            out = self._loss(b, normalizer)
-            out.loss.backward()
-            totals += torch.tensor([float(out.ce), float(out.l1), float(out.bce)], dtype=torch.float64)
+        if self.config.objective == "eagle3":
+            from dspark.eagle3 import Eagle3Drafter
+
+            counted = sum(Eagle3Drafter.supervised_count(self.train[idx].loss_mask) for _, idx in mine)
+            normalizer = self._all_reduce(torch.tensor(float(counted), dtype=torch.float64))
+            for _, idx in mine:
+                out = self._ttt(idx, self.train[idx], normalizer)
+                out.loss.backward()
+                totals[0] += float(out.ce_sums[0]) / float(normalizer.clamp(min=1))
+        else:
+            blocks = [self._blocks(self.step, idx, self.train[idx]) for _, idx in mine]
+            normalizer = self._all_reduce(torch.tensor(float(sum(float(b.weights.sum()) for b in blocks)),
+                                                       dtype=torch.float64))
+            for b in blocks:
+                out = self._loss(b, normalizer)
+                out.loss.backward()
+                totals += torch.tensor([float(out.ce), float(out.l1), float(out.bce)], dtype=torch.float64)
         params = [p for p in self.drafter.parameters() if p.requires_grad]
         for p in params:
             if p.grad is None:  # a rank with no sequence this step still joins the reduction
@@ -391,37 +413,56 @@ class Trainer:
         self.step += 1
         ce, l1, bce = totals.tolist()
         w = self.config.loss_weights()
+        # For eagle3, "ce" is the first unrolled step's soft cross-entropy (the one every chain starts with).
         return {"step": self.step, "loss": w["ce_weight"] * ce + w["l1_weight"] * l1 + w["confidence_weight"] * bce,
                 "ce": ce, "l1": l1, "bce": bce, "grad_norm": float(grad_norm),
                 "lr": self.optimizer.param_groups[0]["lr"]}
 
     @torch.no_grad()
     def evaluate(self, samples: list[Sample] | None = None) -> dict:
-        """Held-out loss parts, τ_prob = 1 + Σ_k Π_{i≤k} c*_i (SPEC §7) and per-position greedy accuracy."""
+        """Held-out loss parts, τ_prob = 1 + Σ_k Π_{i≤k} c*_i (SPEC §7) and per-position greedy accuracy.
+
+        For eagle3 the chains are anchored at every supervised position and c*_i is the unrolled step i's.
+        """
         samples = self.held_out if samples is None else samples
         if not samples:
             return {}
         self.drafter.eval()
         gamma = self.drafter.config.block_size
-        correct, counted = torch.zeros(gamma), torch.zeros(gamma)
-        tau_sum, blocks_seen, loss_parts = 0.0, 0, torch.zeros(3, dtype=torch.float64)
+        totals = {"loss": torch.zeros(3, dtype=torch.float64), "tau": 0.0, "blocks": 0,
+                  "correct": torch.zeros(gamma), "counted": torch.zeros(gamma)}
         for j, sample in enumerate(samples):
-            b = self._blocks(-1, j, sample)  # step -1: a fixed set of held-out anchors
-            out = self._loss(b, b.weights.sum().double())
-            loss_parts += torch.tensor([float(out.ce), float(out.l1), float(out.bce)], dtype=torch.float64)
-            mask = b.weights > 0
-            accept = out.acceptance.reshape(mask.shape).float() * mask
-            tau_sum += float((1 + accept.cumprod(-1).sum(-1))[b.block_valid].sum())
-            blocks_seen += int(b.block_valid.sum())
-            logits, _ = self.drafter.training_logits(b.anchor_ids[None], b.anchor_pos[None], b.taps[None],
-                                                     b.next_ids[None], b.block_valid[None])
-            hits = (logits[0].argmax(-1) == b.labels) & mask
-            correct += hits.float().sum(0).cpu()
-            counted += mask.float().sum(0).cpu()
-        n = len(samples)
-        return {"eval_ce": float(loss_parts[0]) / n, "eval_l1": float(loss_parts[1]) / n,
-                "eval_bce": float(loss_parts[2]) / n, "eval_tau_prob": tau_sum / max(blocks_seen, 1),
-                "eval_accuracy": (correct / counted.clamp(min=1)).tolist()}
+            if self.config.objective == "eagle3":
+                self._evaluate_chains(j, sample, totals)
+            else:
+                self._evaluate_blocks(j, sample, totals)
+        n, loss = len(samples), totals["loss"]
+        return {"eval_ce": float(loss[0]) / n, "eval_l1": float(loss[1]) / n, "eval_bce": float(loss[2]) / n,
+                "eval_tau_prob": totals["tau"] / max(totals["blocks"], 1),
+                "eval_accuracy": (totals["correct"] / totals["counted"].clamp(min=1)).tolist()}
+
+    def _evaluate_blocks(self, j: int, sample: Sample, totals: dict) -> None:
+        b = self._blocks(-1, j, sample)  # step -1: a fixed set of held-out anchors
+        out = self._loss(b, b.weights.sum().double())
+        totals["loss"] += torch.tensor([float(out.ce), float(out.l1), float(out.bce)], dtype=torch.float64)
+        mask = b.weights > 0
+        accept = out.acceptance.reshape(mask.shape).float() * mask
+        totals["tau"] += float((1 + accept.cumprod(-1).sum(-1))[b.block_valid].sum())
+        totals["blocks"] += int(b.block_valid.sum())
+        logits, _ = self.drafter.training_logits(b.anchor_ids[None], b.anchor_pos[None], b.taps[None],
+                                                 b.next_ids[None], b.block_valid[None])
+        hits = (logits[0].argmax(-1) == b.labels) & mask
+        totals["correct"] += hits.float().sum(0).cpu()
+        totals["counted"] += mask.float().sum(0).cpu()
+
+    def _evaluate_chains(self, j: int, sample: Sample, totals: dict) -> None:
+        out = self._ttt(j, sample, 1.0)
+        anchors = out.mask[0]  # chains whose first token is supervised
+        totals["loss"][0] += float(out.ce_sums[0]) / max(1, int(anchors.sum()))
+        totals["tau"] += float((1 + out.chain_survival().sum(-1))[anchors].sum())
+        totals["blocks"] += int(anchors.sum())
+        totals["correct"] += (out.hits & out.mask).float().sum(-1).cpu()
+        totals["counted"] += out.mask.float().sum(-1).cpu()
 
     def fit(self, *, output_dir: str | os.PathLike | None = None, progress: bool = True) -> list[dict]:
         """Train to ``config.steps``, evaluating every ``eval_every`` steps and checkpointing if asked."""
@@ -544,7 +585,14 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     config = target.drafter_config(block_size=block_size, num_draft_layers=num_draft_layers,
                                    markov_rank=markov_rank if is_dspark else 0, enable_confidence_head=is_dspark,
                                    confidence_head_with_markov=is_dspark)
-    drafter = DSparkDrafter(config)
+    if objective == "eagle3":
+        from dspark.eagle3 import Eagle3Drafter
+
+        drafter = Eagle3Drafter(config)
+        with torch.no_grad():
+            drafter.init_weights()
+    else:
+        drafter = DSparkDrafter(config)
     drafter.load_target_embeddings(target.embed_weight(), target.lm_head_weight())
     train_config = TrainConfig(steps=steps, objective=objective, num_anchors=num_anchors, sequences_per_step=2,
                                eval_every=25, checkpoint_every=25)

@@ -41,6 +41,17 @@ def drafter_for(target, seed: int = 0, **overrides) -> DSparkDrafter:
     return drafter
 
 
+def eagle3_for(target, seed: int = 0, block_size: int = 4):
+    """A random EAGLE-3-style chain drafter for ``target``."""
+    from dspark.eagle3 import Eagle3Drafter
+
+    config = target.drafter_config(block_size=block_size, num_draft_layers=1, markov_rank=0,
+                                   enable_confidence_head=False, confidence_head_with_markov=False)
+    drafter = randomize_(Eagle3Drafter(config), seed, std=0.3).eval()
+    drafter.load_target_embeddings(target.embed_weight(), target.lm_head_weight())
+    return drafter
+
+
 @pytest.fixture(scope="session")
 def real_target():
     """SmolLM2-135M-Instruct from its PyPI wheel; CI installs it, so there it must load."""
@@ -79,7 +90,7 @@ class ScriptedDrafter:
         cache.select = lambda rows: select(rows, cache)
         return cache
 
-    def extend_cache(self, cache, taps, num_new):
+    def extend_cache(self, cache, taps, num_new, token_ids=None):
         if cache.prompt is None:
             cache.prompt = num_new.clone()
         cache.lengths = cache.lengths + num_new.cpu()

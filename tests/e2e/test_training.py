@@ -3,7 +3,15 @@
 import pytest
 import torch
 
-from dspark.training import OfflineFeatures, Sample, block_targets, sample_anchors, write_offline_features
+from dspark.training import (
+    OfflineFeatures,
+    Sample,
+    TrainConfig,
+    Trainer,
+    block_targets,
+    sample_anchors,
+    write_offline_features,
+)
 from tests.e2e.training_helpers import distributed_worker, tiny_trainer
 
 
@@ -29,14 +37,15 @@ def test_block_targets_follow_the_sample_from_anchor_layout():
     assert target_index[0].tolist() == [2, 3, 4, 5]  # p_t of slot k is the target's output at a + k
 
 
-def test_resume_continues_bit_for_bit(tmp_path):
-    straight, _ = tiny_trainer(steps=4)
+@pytest.mark.parametrize("objective", ["dspark", "eagle3"])
+def test_resume_continues_bit_for_bit(tmp_path, objective):
+    straight, _ = tiny_trainer(steps=4, objective=objective)
     straight.fit(progress=False)
-    first, target = tiny_trainer(steps=4)
+    first, target = tiny_trainer(steps=4, objective=objective)
     for _ in range(2):
         first.train_step()
     first.save(tmp_path / "ckpt")
-    second, _ = tiny_trainer(steps=4)
+    second, _ = tiny_trainer(steps=4, objective=objective)
     second.resume(tmp_path / "ckpt", target)
     assert second.step == 2
     second.fit(progress=False)
@@ -44,13 +53,15 @@ def test_resume_continues_bit_for_bit(tmp_path):
         assert torch.equal(a, b), f"{name} differs after resuming"
 
 
-def test_two_ranks_match_one_rank(tmp_path):
+@pytest.mark.parametrize("objective", ["dspark", "eagle3"])
+def test_two_ranks_match_one_rank(tmp_path, objective):
     import safetensors.torch
 
-    single, _ = tiny_trainer(steps=3)
+    single, _ = tiny_trainer(steps=3, objective=objective)
     single.fit(progress=False)
     out = tmp_path / "ranked.safetensors"
-    torch.multiprocessing.spawn(distributed_worker, args=(2, str(tmp_path / "init"), str(out), 3), nprocs=2)
+    torch.multiprocessing.spawn(distributed_worker, args=(2, str(tmp_path / "init"), str(out), 3, objective),
+                                nprocs=2)
     ranked = safetensors.torch.load_file(out)
     for name, value in single.drafter.state_dict().items():
         # Gradients are summed in another order (two partial sums, then one all-reduce): fp32 rounding only.
@@ -70,6 +81,22 @@ def test_training_lowers_held_out_loss():
     trainer.fit(progress=False)
     after = trainer.evaluate()
     assert after["eval_l1"] < before["eval_l1"] and after["eval_tau_prob"] > before["eval_tau_prob"]
+
+
+def test_eagle3_unrolled_training_lowers_held_out_loss():
+    trainer, _ = tiny_trainer(steps=40, eval_every=40, objective="eagle3")
+    before = trainer.evaluate()
+    trainer.fit(progress=False)
+    after = trainer.evaluate()
+    assert after["eval_ce"] < before["eval_ce"] and after["eval_tau_prob"] > before["eval_tau_prob"]
+    assert len(after["eval_accuracy"]) == 4  # one accuracy per unrolled step
+
+
+def test_eagle3_objective_needs_an_eagle3_drafter():
+    trainer, target = tiny_trainer(steps=1)
+    with pytest.raises(ValueError, match="eagle3"):
+        Trainer(trainer.drafter, target.lm_head_weight(), trainer.source, trainer.train,
+                TrainConfig(steps=1, objective="eagle3"))
 
 
 def test_offline_features_equal_online_and_are_validated(tmp_path):

@@ -4,7 +4,7 @@ import torch
 
 from dspark.decoding import SamplingConfig, generate
 from dspark.training import OnlineFeatures, Sample, TrainConfig, Trainer
-from tests.e2e.conftest import drafter_for, tiny_target
+from tests.e2e.conftest import drafter_for, eagle3_for, tiny_target
 
 
 def tiny_samples(target, count=8, prompt_len=8, answer_len=24, seed=0):
@@ -18,9 +18,12 @@ def tiny_samples(target, count=8, prompt_len=8, answer_len=24, seed=0):
 def tiny_trainer(steps=4, objective="dspark", **config):
     target = tiny_target(vocab=48)
     samples = tiny_samples(target)
-    drafter = drafter_for(target, block_size=4, enable_confidence_head=objective == "dspark",
-                          markov_rank=8 if objective == "dspark" else 0,
-                          confidence_head_with_markov=objective == "dspark")
+    if objective == "eagle3":
+        drafter = eagle3_for(target, block_size=4)
+    else:
+        drafter = drafter_for(target, block_size=4, enable_confidence_head=objective == "dspark",
+                              markov_rank=8 if objective == "dspark" else 0,
+                              confidence_head_with_markov=objective == "dspark")
     settings = dict(steps=steps, sequences_per_step=2, num_anchors=8, eval_every=0, lr=3e-3, objective=objective,
                     loss_backend="torch")
     settings.update(config)
@@ -28,13 +31,13 @@ def tiny_trainer(steps=4, objective="dspark", **config):
                    held_out=samples[6:]), target
 
 
-def distributed_worker(rank, world, init_file, out_file, steps):
+def distributed_worker(rank, world, init_file, out_file, steps, objective="dspark"):
     """One rank of a gloo run; rank 0 writes the trained parameters."""
     import safetensors.torch
 
     torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     torch.set_num_threads(1)
-    trainer, _ = tiny_trainer(steps=steps)
+    trainer, _ = tiny_trainer(steps=steps, objective=objective)
     trainer.fit(progress=False)
     if rank == 0:
         safetensors.torch.save_file({k: v.contiguous() for k, v in trainer.drafter.state_dict().items()}, out_file)
