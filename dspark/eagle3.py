@@ -34,9 +34,9 @@ STEP_DECAY = 0.8
 
 @dataclass
 class TTTOutput:
-    """What :meth:`Eagle3Drafter.ttt_loss` returns: the loss, and per step i and position t the soft-CE
-    sums ``[steps]``, accepted probability ``c* = 1 − ½‖p_d − p_t‖₁`` ``[steps, S]``, the supervised mask
-    and greedy hits ``[steps, S]``."""
+    """What :meth:`Eagle3Drafter.ttt_loss` returns: the loss, the soft-CE sum of each step ``[steps]``, and
+    per chain and step ``[N, steps]`` the accepted probability ``c* = 1 − ½‖p_d − p_t‖₁``, the supervised
+    mask and the greedy hits."""
 
     loss: torch.Tensor
     ce_sums: torch.Tensor
@@ -44,14 +44,9 @@ class TTTOutput:
     mask: torch.Tensor
     hits: torch.Tensor
 
-    def chain_survival(self) -> torch.Tensor:
-        """``[S, steps]``: Π_{i≤k} c*_i along the chain anchored at each position (0 past the sequence or
-        past the first unsupervised step), the terms of τ_prob = 1 + Σ_k Π_{i≤k} c*_i."""
-        steps, seq = self.acceptance.shape
-        c = torch.zeros(seq, steps, device=self.acceptance.device)
-        for i in range(steps):
-            c[: seq - i, i] = (self.acceptance[i, i:] * self.mask[i, i:]).float()
-        return c.cumprod(-1)
+    def tau_prob(self) -> torch.Tensor:
+        """``[N]``: 1 + Σ_k Π_{i≤k} c*_i per chain (SPEC §7), steps past the supervised prefix counting 0."""
+        return 1 + (self.acceptance * self.mask).cumprod(-1).sum(-1)
 
 
 class Eagle3Layer(nn.Module):
@@ -137,8 +132,8 @@ class Eagle3Drafter(nn.Module):
                 nn.init.normal_(param, std=std)
 
     # -- training
-    def ttt_logits(self, token_ids: torch.Tensor, taps: torch.Tensor, steps: int) -> list[torch.Tensor]:
-        """Logits ``[S, V]`` of every unrolled step over one sequence (see the module docstring).
+    def ttt_hidden(self, token_ids: torch.Tensor, taps: torch.Tensor, steps: int) -> list[torch.Tensor]:
+        """The layer output ``g [S, d]`` of every unrolled step over one sequence (see the module docstring).
 
         Args:
             token_ids: ``[S]`` the sequence.
@@ -147,11 +142,10 @@ class Eagle3Drafter(nn.Module):
         """
         check_tensor("token_ids", token_ids, ndim=1, integer=True)
         check_tensor("taps", taps, shape=(token_ids.shape[0], None), floating=True)
-        seq = token_ids.shape[0]
-        positions = torch.arange(seq, device=token_ids.device)
+        positions = torch.arange(token_ids.shape[0], device=token_ids.device)
         emb = self.embed_tokens(token_ids)
         hidden = F.pad(self.fc(taps), (0, 0, 1, 0))[:-1]  # h_{t−1}; zeros before the first position
-        keys, values, logits = [], [], []
+        keys, values, outputs = [], [], []
         for i in range(steps):
             q, k, v = self.layer.qkv(emb, hidden, positions)
             keys.append(k)
@@ -161,50 +155,55 @@ class Eagle3Drafter(nn.Module):
             rolled_v = [values[j].roll(i - j, 0) for j in range(1, i + 1)]
             visible0 = positions[None, :] <= positions[:, None] - i
             attended = _unrolled_attention(q, keys[0], values[0], visible0, rolled_k, rolled_v, i)
-            g = self.layer.finish(hidden, attended)
-            logits.append(self.lm_head(self.norm(g)))
-            hidden = F.pad(g, (0, 0, 1, 0))[:-1]
-        return logits
+            outputs.append(self.layer.finish(hidden, attended))
+            hidden = F.pad(outputs[-1], (0, 0, 1, 0))[:-1]
+        return outputs
+
+    def ttt_logits(self, token_ids: torch.Tensor, taps: torch.Tensor, steps: int) -> list[torch.Tensor]:
+        """Logits ``[S, V]`` of every unrolled step: step i's row t is the distribution of ``x_{t+1}``."""
+        return [self.lm_head(self.norm(g)) for g in self.ttt_hidden(token_ids, taps, steps)]
 
     def ttt_loss(self, token_ids: torch.Tensor, taps: torch.Tensor, target_probs: torch.Tensor,
-                 loss_mask: torch.Tensor, normalizer: torch.Tensor | float, steps: int | None = None) -> TTTOutput:
-        """Σ_i 0.8^i · Σ_t soft-CE_i(t) / normalizer over the supervised positions of one sequence.
+                 loss_mask: torch.Tensor, anchors: torch.Tensor, normalizer: torch.Tensor | float) -> TTTOutput:
+        """Σ_i 0.8^i · Σ_n soft-CE(step i at row anchor_n + i) / normalizer, over chains from ``anchors``.
 
-        Step i supervises position t (the distribution of ``x_{t+1}``) when ``x_{t+1}`` is an assistant
-        token and the chain's anchor t − i lies at position ≥ 1 (so that it had a real target feature).
+        The chain anchored at position a drafts ``x_{a+1} … x_{a+γ}``: step i is read at row a + i. A step
+        is supervised while every token it and the earlier steps predict is an assistant token (the
+        contiguous prefix of SPEC §2.7), so the supervised rows are exactly a DSpark block's at the same
+        anchor. The LM head runs on those rows only.
 
         Args:
             token_ids: ``[S]``; taps: ``[S, taps·H_t]``; loss_mask: ``[S]`` true on assistant tokens.
             target_probs: ``[S, V]`` the target's distribution of the token after each position.
-            normalizer: the loss denominator (the supervised step-0 positions, summed over ranks).
+            anchors: ``[N]`` chain anchors (positions ≥ 1, so that each has a real target feature before it).
+            normalizer: the loss denominator (supervised first steps, summed over ranks).
         """
-        steps = steps or self.config.block_size
-        seq = token_ids.shape[0]
+        steps, seq = self.config.block_size, token_ids.shape[0]
         check_tensor("target_probs", target_probs, shape=(seq, self.config.vocab_size), floating=True)
         check_tensor("loss_mask", loss_mask, shape=(seq,))
-        positions = torch.arange(seq, device=token_ids.device)
+        check_tensor("anchors", anchors, ndim=1, integer=True)
+        if anchors.numel() and (int(anchors.min()) < 1 or int(anchors.max()) >= seq):
+            raise ValueError(f"anchors must lie in [1, {seq}), got {anchors.tolist()}")
+        rows = anchors[:, None] + torch.arange(steps, device=anchors.device)  # [N, steps]
+        inside = rows < seq - 1
+        rows = rows.clamp(max=seq - 1)
         next_is_answer = F.pad(loss_mask[1:].bool(), (0, 1))
-        next_ids = F.pad(token_ids[1:], (0, 1))
+        mask = (next_is_answer[rows] & inside).long().cumprod(-1).bool()
+        next_ids = F.pad(token_ids[1:], (0, 1))[rows]
         total = torch.zeros((), device=token_ids.device)
-        ce_sums, accept, masks, hits = [], [], [], []
-        for i, logits in enumerate(self.ttt_logits(token_ids, taps, steps)):
-            mask = next_is_answer & (positions - i >= 1)
+        ce_sums, accept, hits = [], [], []
+        for i, g in enumerate(self.ttt_hidden(token_ids, taps, steps)):
+            logits = self.lm_head(self.norm(g[rows[:, i]]))
             log_probs = torch.log_softmax(logits.float(), -1)
-            ce_sum = (-(target_probs * log_probs).sum(-1) * mask).sum()
+            probs = target_probs[rows[:, i]]
+            ce_sum = (-(probs * log_probs).sum(-1) * mask[:, i]).sum()
             total = total + STEP_DECAY**i * ce_sum
             with torch.no_grad():
-                accept.append((1 - 0.5 * (log_probs.exp() - target_probs).abs().sum(-1)).clamp(0, 1))
-                hits.append(logits.argmax(-1) == next_ids)
+                accept.append((1 - 0.5 * (log_probs.exp() - probs).abs().sum(-1)).clamp(0, 1))
+                hits.append(logits.argmax(-1) == next_ids[:, i])
             ce_sums.append(ce_sum.detach())
-            masks.append(mask)
         norm = torch.as_tensor(normalizer, dtype=torch.float32, device=total.device).clamp(min=1)
-        return TTTOutput(total / norm, torch.stack(ce_sums), torch.stack(accept), torch.stack(masks),
-                         torch.stack(hits))
-
-    @staticmethod
-    def supervised_count(loss_mask: torch.Tensor) -> int:
-        """Positions step 0 supervises in one sequence (the loss normaliser, local B·T)."""
-        return int(loss_mask[2:].bool().sum())
+        return TTTOutput(total / norm, torch.stack(ce_sums), torch.stack(accept, 1), mask, torch.stack(hits, 1))
 
     # -- decoding
     def new_cache(self, batch_size: int, capacity: int = 64, *, device=None, dtype=None) -> ChainCache:

@@ -339,10 +339,9 @@ class Trainer:
         return tensor
 
     def _blocks(self, step: int, index: int, sample: Sample) -> BlockBatch:
-        gen = torch.Generator().manual_seed((self.config.seed * 1_000_003 + (step + 1) * 65_537 + index) % 2**63)
         taps, hidden = self.source.features(index if sample.key is None else sample.key, sample)
         blocks = prepare_blocks(sample, taps, hidden, self.drafter.config.block_size, self.config.num_anchors,
-                                self.config.decay, gen)
+                                self.config.decay, self._generator(step, index))
         if self.label_index is not None:
             draft_labels = self.label_index[blocks.labels]
             blocks.weights = blocks.weights * (draft_labels >= 0)
@@ -365,14 +364,24 @@ class Trainer:
             normalizer=normalizer, chunk_rows=self.config.loss_chunk_rows, backend=self.config.loss_backend,
             **self.config.loss_weights())
 
-    def _ttt(self, index: int, sample: Sample, normalizer: torch.Tensor):
+    def _ttt(self, step: int, index: int, sample: Sample, normalizer: torch.Tensor | float):
+        """The eagle3 loss of one sequence, its chains anchored where a DSpark step would put its blocks."""
+        anchors = self._chain_anchors(step, index, sample)
         taps, hidden = self.source.features(index if sample.key is None else sample.key, sample)
         taps, hidden = taps.to(self.device), hidden.to(self.device)
         with torch.no_grad():
             target_probs = torch.softmax(hidden.float() @ self.target_lm_head.float().T, -1)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
             return self.drafter.ttt_loss(sample.token_ids.to(self.device), taps, target_probs,
-                                         sample.loss_mask.to(self.device), normalizer)
+                                         sample.loss_mask.to(self.device), anchors.to(self.device), normalizer)
+
+    def _generator(self, step: int, index: int) -> torch.Generator:
+        return torch.Generator().manual_seed((self.config.seed * 1_000_003 + (step + 1) * 65_537 + index) % 2**63)
+
+    def _chain_anchors(self, step: int, index: int, sample: Sample) -> torch.Tensor:
+        """eagle3 chain anchors: the DSpark block anchors of this step, less position 0 (no feature before it)."""
+        anchor_pos, valid = sample_anchors(sample.loss_mask, self.config.num_anchors, self._generator(step, index))
+        return anchor_pos[valid & (anchor_pos >= 1)]
 
     def train_step(self) -> dict:
         """One optimiser step over ``sequences_per_step`` sequences (this rank's share of them)."""
@@ -384,12 +393,11 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=False)
         totals = torch.zeros(3, dtype=torch.float64)
         if self.config.objective == "eagle3":
-            from dspark.eagle3 import Eagle3Drafter
-
-            counted = sum(Eagle3Drafter.supervised_count(self.train[idx].loss_mask) for _, idx in mine)
+            # The normaliser counts chains (each supervises its first step), summed over ranks first.
+            counted = sum(len(self._chain_anchors(self.step, idx, self.train[idx])) for _, idx in mine)
             normalizer = self._all_reduce(torch.tensor(float(counted), dtype=torch.float64))
             for _, idx in mine:
-                out = self._ttt(idx, self.train[idx], normalizer)
+                out = self._ttt(self.step, idx, self.train[idx], normalizer)
                 out.loss.backward()
                 totals[0] += float(out.ce_sums[0]) / float(normalizer.clamp(min=1))
         else:
@@ -456,13 +464,12 @@ class Trainer:
         totals["counted"] += mask.float().sum(0).cpu()
 
     def _evaluate_chains(self, j: int, sample: Sample, totals: dict) -> None:
-        out = self._ttt(j, sample, 1.0)
-        anchors = out.mask[0]  # chains whose first token is supervised
-        totals["loss"][0] += float(out.ce_sums[0]) / max(1, int(anchors.sum()))
-        totals["tau"] += float((1 + out.chain_survival().sum(-1))[anchors].sum())
-        totals["blocks"] += int(anchors.sum())
-        totals["correct"] += (out.hits & out.mask).float().sum(-1).cpu()
-        totals["counted"] += out.mask.float().sum(-1).cpu()
+        out = self._ttt(-1, j, sample, 1.0)  # step -1: a fixed set of held-out anchors
+        totals["loss"][0] += float(out.ce_sums[0]) / max(1, len(out.mask))
+        totals["tau"] += float(out.tau_prob().sum())
+        totals["blocks"] += len(out.mask)
+        totals["correct"] += (out.hits & out.mask).float().sum(0).cpu()
+        totals["counted"] += out.mask.float().sum(0).cpu()
 
     def fit(self, *, output_dir: str | os.PathLike | None = None, progress: bool = True) -> list[dict]:
         """Train to ``config.steps``, evaluating every ``eval_every`` steps and checkpointing if asked."""

@@ -104,3 +104,32 @@ def test_bad_inputs_raise():
     with pytest.raises(ValueError, match="committed tokens"):
         drafter.extend_cache(cache, torch.zeros(1, 2, drafter.fc.in_features, dtype=torch.float64),
                              torch.tensor([2]))
+
+
+def test_ttt_loss_reads_step_i_at_anchor_plus_i_over_the_answer_prefix():
+    drafter = _drafter(3).float()
+    ids, taps = _sequence(drafter, 12, seed=3)
+    taps = taps.float()
+    loss_mask = torch.tensor([False] * 3 + [True] * 6 + [False] + [True] * 2)  # a hole at position 9
+    gen = torch.Generator().manual_seed(5)
+    target_probs = torch.softmax(torch.randn(12, drafter.config.vocab_size, generator=gen), -1)
+    anchors = torch.tensor([3, 6, 10])
+    out = drafter.ttt_loss(ids, taps, target_probs, loss_mask, anchors, normalizer=3.0)
+    # Supervised while x_{a+i+1} is an answer token, stopping at the hole (position 9) and the end (11).
+    want_mask = torch.tensor([[True] * 4, [True, True, False, False], [True, False, False, False]])
+    assert_equal(out.mask, want_mask, name="mask")
+    with torch.no_grad():
+        logits = drafter.ttt_logits(ids, taps, GAMMA)
+    soft_ce = 0.0
+    for n, a in enumerate(anchors.tolist()):
+        for i in range(GAMMA):
+            if not want_mask[n, i]:
+                continue
+            log_q = torch.log_softmax(logits[i][a + i], -1)
+            soft_ce += 0.8**i * float(-(target_probs[a + i] * log_q).sum())
+            c = 1 - 0.5 * float((log_q.exp() - target_probs[a + i]).abs().sum())
+            assert abs(float(out.acceptance[n, i]) - c) < 1e-5
+    # fp32 log-softmax over 37 entries: 1e-5 relative covers the summation order.
+    assert abs(float(out.loss) - soft_ce / 3.0) <= 1e-5 * soft_ce
+    with pytest.raises(ValueError, match="anchors"):
+        drafter.ttt_loss(ids, taps, target_probs, loss_mask, torch.tensor([0]), normalizer=1.0)
