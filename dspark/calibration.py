@@ -41,6 +41,22 @@ def expected_calibration_error(pred: torch.Tensor, label: torch.Tensor, bins: in
     return (pred_sum - label_sum).abs().sum() / pred.numel()
 
 
+def reliability_bins(pred: torch.Tensor, label: torch.Tensor, bins: int = 10) -> dict[str, list]:
+    """The reliability diagram's data: per equal-width bin of ``[0, 1]``, the count, mean prediction and
+    empirical frequency (NaN for empty bins). Same binning and clamping as :func:`expected_calibration_error`."""
+    check_tensor("pred", pred, ndim=1, floating=True)
+    check_tensor("label", label, shape=tuple(pred.shape))
+    pred = pred.double().clamp(PROB_CLAMP, 1 - PROB_CLAMP)
+    index = (pred * bins).long().clamp(max=bins - 1)
+    count = torch.zeros(bins, dtype=torch.float64).index_add_(0, index, torch.ones_like(pred))
+    pred_sum = torch.zeros(bins, dtype=torch.float64).index_add_(0, index, pred)
+    label_sum = torch.zeros(bins, dtype=torch.float64).index_add_(0, index, label.double())
+    empty = count == 0
+    mean_pred = torch.where(empty, float("nan"), pred_sum / count.clamp(min=1))
+    frequency = torch.where(empty, float("nan"), label_sum / count.clamp(min=1))
+    return {"count": count.long().tolist(), "mean_prediction": mean_pred.tolist(), "frequency": frequency.tolist()}
+
+
 def auroc(pred: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
     """Area under the ROC curve: P(pred of a positive > pred of a negative), ties counting ½. NaN if one class."""
     pred, label = pred.double().flatten(), label.bool().flatten()

@@ -11,6 +11,7 @@ from dspark.calibration import (
     default_grid,
     expected_calibration_error,
     fit_sts,
+    reliability_bins,
     survival_from_logits,
 )
 
@@ -30,6 +31,24 @@ def test_ece_auroc_brier_match_reference(n, seed, ties):
             assert float(got) == pytest.approx(want, rel=1e-12, abs=1e-12)
     if n:
         assert float(brier_score(pred, label)) == pytest.approx(ref.brier(p, y), rel=1e-12)
+
+
+@given(n=st.integers(1, 60), seed=st.integers(0, 2**31), bins=st.integers(1, 12))
+def test_reliability_bins_reproduce_the_ece(n, seed, bins):
+    """ECE is the count-weighted gap of the diagram's bins, so the two must agree exactly."""
+    gen = torch.Generator().manual_seed(seed)
+    pred = torch.rand(n, generator=gen, dtype=torch.float64)
+    label = (torch.rand(n, generator=gen, dtype=torch.float64) < pred).double()
+    diagram = reliability_bins(pred, label, bins)
+    count = torch.tensor(diagram["count"], dtype=torch.float64)
+    assert int(count.sum()) == n
+    filled = count > 0
+    means = torch.tensor(diagram["mean_prediction"], dtype=torch.float64)
+    gap = (means - torch.tensor(diagram["frequency"], dtype=torch.float64)).abs()
+    ece = float((count[filled] * gap[filled]).sum()) / n
+    assert ece == pytest.approx(float(expected_calibration_error(pred, label, bins)), rel=1e-12, abs=1e-12)
+    lower = torch.arange(bins, dtype=torch.float64) / bins
+    assert bool(((means[filled] >= lower[filled] - 1e-12) & (means[filled] <= lower[filled] + 1 / bins + 1e-12)).all())
 
 
 def synthetic_rounds(n, gamma, *, seed, distortion=1.0):
