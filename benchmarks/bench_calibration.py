@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.environment import write_result  # noqa: E402
 from dspark.calibration import (  # noqa: E402
+    ECE_BINS,
     calibration_report,
     fit_sts,
     prefix_labels,
@@ -80,7 +81,7 @@ def main() -> None:
         print(f"position {k + 1}: ECE {before.ece[k]:.4f} -> {after.ece[k]:.4f}  (T = {float(temperatures[k]):.3f})")
     write_result("calibration_cpu", {
         "prompts_per_domain": n, "offset": args.offset, "fit_offset": args.fit_offset,
-        "max_new_tokens": args.max_new_tokens, "fit_rounds": int(splits["fit"][0].shape[0]),
+        "max_new_tokens": args.max_new_tokens, "ece_bins": ECE_BINS, "fit_rounds": int(splits["fit"][0].shape[0]),
         "eval_rounds": int(evaluation[0].shape[0]), "temperatures": temperatures.tolist(),
         "before": before.as_dict(), "after": after.as_dict(),
         "diagram_before": diagrams(*evaluation, None), "diagram_after": diagrams(*evaluation, temperatures),

@@ -71,11 +71,16 @@ def trained_pool(results: Path):
     return torch.sigmoid(logits / temperatures)[full], torch.tensor(rounds["accepted"])[full]
 
 
+PAPER_PROFILE = {"slot1": 0.92, "decay": 0.02, "beta": [8.0, 1.5]}
+
+
 def paper_profile_pool(gamma: int, count: int = 20000, seed: int = 0):
-    """Synthetic calibrated rounds: c_k = d · (0.92 − 0.02 k), d ~ Beta(8, 1.5) per request; A drawn from c."""
+    """Synthetic calibrated rounds: c_k = d · (0.92 − 0.02 (k − 1)), d ~ Beta(8, 1.5) per request; A drawn from c."""
     gen = torch.Generator().manual_seed(seed)
-    difficulty = torch.distributions.Beta(8.0, 1.5).sample((count, 1))
-    conditional = (difficulty * (0.92 - 0.02 * torch.arange(gamma))).double().clamp(0, 1)
+    torch.manual_seed(seed)  # Beta sampling draws from the global generator
+    difficulty = torch.distributions.Beta(*PAPER_PROFILE["beta"]).sample((count, 1))
+    slots = torch.arange(gamma)
+    conditional = (difficulty * (PAPER_PROFILE["slot1"] - PAPER_PROFILE["decay"] * slots)).double().clamp(0, 1)
     accept = torch.rand(count, gamma, generator=gen, dtype=torch.float64) < conditional
     return conditional, accept.long().cumprod(-1).sum(-1)
 
@@ -165,7 +170,8 @@ def main() -> None:
     parser.add_argument("--skip-measured", action="store_true")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    payload = {"steps": args.steps, "threshold": THRESHOLD, "replay": replay_study(RESULTS, args.steps)}
+    payload = {"steps": args.steps, "threshold": THRESHOLD, "paper_profile": PAPER_PROFILE,
+               "replay": replay_study(RESULTS, args.steps)}
     if not args.skip_measured:
         payload["measured_cpu"] = measured_study(RESULTS, args.max_new_tokens)
         payload["measured_max_new_tokens"] = args.max_new_tokens
