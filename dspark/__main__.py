@@ -37,6 +37,28 @@ def example() -> None:
         print(f"  survival a_k       {[round(float(a), 3) for a in out.survival[r]]}")
 
 
+def _train_settings(args) -> dict:
+    """train_default_drafter's keyword arguments: defaults, then the config file, then the flags."""
+    import inspect
+    import json
+
+    from dspark.training import train_default_drafter
+
+    allowed = set(inspect.signature(train_default_drafter).parameters) - {"output_dir", "work_dir", "progress"}
+    settings = {"objective": "dspark", "steps": 200}
+    if args.config:
+        with open(args.config, encoding="utf-8") as f:
+            loaded = json.load(f)
+        unknown = set(loaded) - allowed
+        if unknown:
+            raise SystemExit(f"{args.config}: unknown settings {sorted(unknown)}; allowed: {sorted(allowed)}")
+        settings.update(loaded)
+    flags = {"objective": args.objective, "steps": args.steps, "num_prompts": args.prompts,
+             "num_draft_layers": args.layers, "block_size": args.block_size}
+    settings.update({k: v for k, v in flags.items() if v is not None})
+    return settings
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="dspark", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -45,11 +67,14 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--per-domain", type=int, default=2, help="prompts per domain (math, code, chat)")
     demo.add_argument("--max-new-tokens", type=int, default=48)
     train = sub.add_parser("train", help="train a drafter for the default target on the CPU (cached data)")
-    train.add_argument("--objective", choices=["dspark", "dflash", "eagle3"], default="dspark")
-    train.add_argument("--layers", type=int, default=1, help="draft layers (eagle3: 1)")
-    train.add_argument("--block-size", type=int, default=7, help="γ, the block (or chain) length")
-    train.add_argument("--steps", type=int, default=200)
-    train.add_argument("--prompts", type=int, default=160)
+    train.add_argument("--config", default=None,
+                       help="a JSON file of train_default_drafter's arguments (objective, steps, num_prompts, "
+                            "num_draft_layers, block_size, markov_rank, num_anchors, ...); flags given override it")
+    train.add_argument("--objective", choices=["dspark", "dflash", "eagle3"], default=None, help="default dspark")
+    train.add_argument("--layers", type=int, default=None, help="draft layers (default 1; eagle3: 1)")
+    train.add_argument("--block-size", type=int, default=None, help="γ, the block (or chain) length (default 7)")
+    train.add_argument("--steps", type=int, default=None, help="default 200")
+    train.add_argument("--prompts", type=int, default=None, help="ShareGPT prompts answered by the target (160)")
     train.add_argument("--output", default=None, help="default: the cache the demo reads")
     export = sub.add_parser("export", help="write a trained drafter in the speculators format vLLM serves")
     export.add_argument("--drafter", default=None, help="dspark drafter directory (default: the demo's)")
@@ -75,9 +100,9 @@ def main(argv: list[str] | None = None) -> int:
         from dspark.checkpoint import default_drafter_dir
         from dspark.training import train_default_drafter
 
-        output = args.output or default_drafter_dir().with_name(f"smollm2-135m-instruct-{args.objective}")
-        path = train_default_drafter(output, objective=args.objective, steps=args.steps, num_prompts=args.prompts,
-                                     num_draft_layers=args.layers, block_size=args.block_size)
+        settings = _train_settings(args)
+        output = args.output or default_drafter_dir().with_name(f"smollm2-135m-instruct-{settings['objective']}")
+        path = train_default_drafter(output, **settings)
         print(f"wrote {path}")
         return 0
     if args.command == "example":

@@ -609,11 +609,28 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     if (checkpoint / "trainer_state.json").exists():
         trainer.resume(checkpoint, target)
     trainer.fit(output_dir=checkpoint, progress=progress)
+    arguments = {"objective": objective, "num_prompts": num_prompts, "max_new_tokens": max_new_tokens,
+                 "steps": steps, "num_draft_layers": num_draft_layers, "markov_rank": markov_rank,
+                 "block_size": block_size, "num_anchors": num_anchors, "calibrate": calibrate}
     metadata = {"objective": objective, "steps": trainer.step, "train_sequences": len(trainer.train),
-                "held_out_sequences": split, "final": trainer.history[-1] if trainer.history else {}}
+                "held_out_sequences": split, "final": trainer.history[-1] if trainer.history else {},
+                "run": {"arguments": arguments, "train_config": asdict(train_config), "commit": source_commit()}}
     if is_dspark and calibrate:
         metadata["sts"] = calibrate_on_samples(target, trainer.drafter.eval(), trainer.held_out)
     return save_drafter(trainer.drafter, output_dir, dtype=torch.bfloat16, metadata=metadata)
+
+
+def source_commit() -> str:
+    """The git commit of this source tree (``-dirty`` with uncommitted changes), or ``unknown`` if not a checkout."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True)
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True).stdout
+    except OSError:
+        return "unknown"
+    return head.stdout.strip() + ("-dirty" if dirty.strip() else "") if head.returncode == 0 else "unknown"
 
 
 def calibrate_on_samples(target, drafter: DSparkDrafter, samples: list[Sample], max_new_tokens: int = 48) -> dict:
