@@ -1,7 +1,7 @@
 """Acceptance on held-out real prompts: τ and per-position acceptance per domain, T = 0 and T = 1.
 
-Each available drafter for the default target (``--drafters name=DIR``; by default the trained DSpark
-and DFlash drafters in the dspark cache) decodes the same held-out prompts (math: GSM8K, code:
+Each available drafter for the default target (``--drafters name=DIR``; by default the trained DSpark,
+DFlash and EAGLE-3-style drafters in the dspark cache) decodes the same held-out prompts (math: GSM8K, code:
 HumanEval, chat: MT-Bench first turns; never in the training pool) with every drafted slot verified.
 τ counts the bonus token (SPEC §8.1, vLLM's ``1 + accepted / drafts``); acceptance by position is given
 both conditional (the paper's Fig. 2) and unconditional (DeepSpec's ``accept_rate@pos``). Writes
@@ -16,8 +16,6 @@ import argparse
 import sys
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.environment import write_result  # noqa: E402
@@ -30,7 +28,7 @@ from dspark.target import load_default_target  # noqa: E402
 
 def default_drafters() -> dict[str, Path]:
     base = default_drafter_dir()
-    found = {"dspark": base, "dflash": base.with_name("smollm2-135m-instruct-dflash")}
+    found = {name: base.with_name(f"smollm2-135m-instruct-{name}") for name in ("dspark", "dflash", "eagle3")}
     return {name: path for name, path in found.items() if (path / "model.safetensors").exists()}
 
 
@@ -72,5 +70,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    torch.set_num_threads(2)
     sys.exit(main())
