@@ -57,7 +57,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts-per-domain", type=int, default=8)
     parser.add_argument("--offset", type=int, default=50, help="first evaluation prompt of each domain")
-    parser.add_argument("--fit-offset", type=int, default=100, help="first STS-fitting prompt of each domain")
+    parser.add_argument("--fit-offset", type=int, default=60,
+                        help="first STS-fitting prompt of each domain (MT-Bench has 80 prompts: keep it below 72)")
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
@@ -67,9 +68,12 @@ def main() -> None:
         raise SystemExit("no trained DSpark drafter: run `python -m dspark train` first")
     drafter.sts_temperatures.fill_(1.0)
     n = args.prompts_per_domain
-    splits = {}
+    if abs(args.fit_offset - args.offset) < n:
+        raise SystemExit("the fitting and evaluation prompt ranges overlap: STS would be judged in sample")
+    splits, counts = {}, {}
     for name, offset in (("fit", args.fit_offset), ("eval", args.offset)):
         prompts = [target.encode_chat(p.text) for d in DOMAINS for p in load_prompts(d)[offset: offset + n]]
+        counts[name] = len(prompts)
         splits[name] = tuple(t.double() if t.is_floating_point() else t
                              for t in record_rounds(target, drafter, prompts, args.max_new_tokens, seed=offset))
         print(f"{name}: {len(prompts)} prompts, {splits[name][0].shape[0]} rounds", flush=True)
@@ -81,7 +85,8 @@ def main() -> None:
         print(f"position {k + 1}: ECE {before.ece[k]:.4f} -> {after.ece[k]:.4f}  (T = {float(temperatures[k]):.3f})")
     write_result("calibration_cpu", {
         "prompts_per_domain": n, "offset": args.offset, "fit_offset": args.fit_offset,
-        "max_new_tokens": args.max_new_tokens, "ece_bins": ECE_BINS, "fit_rounds": int(splits["fit"][0].shape[0]),
+        "max_new_tokens": args.max_new_tokens, "ece_bins": ECE_BINS, "fit_prompts": counts["fit"],
+        "eval_prompts": counts["eval"], "fit_rounds": int(splits["fit"][0].shape[0]),
         "eval_rounds": int(evaluation[0].shape[0]), "temperatures": temperatures.tolist(),
         "before": before.as_dict(), "after": after.as_dict(),
         "diagram_before": diagrams(*evaluation, None), "diagram_after": diagrams(*evaluation, temperatures),

@@ -59,7 +59,7 @@ def load(name: str) -> dict | None:
 def machine(result: dict) -> str:
     env = result["environment"]
     where = env["device"] if env["device"] != "cpu" else f"CPU ({env['processor']}, {num(env['cpu_count'], 'd')} cores)"
-    printed.add(env["commit"])
+    printed.add(env["commit"].split("-")[0])  # a commit of digits only would read as a number
     return f"{where}, torch {env['torch']}, Triton {env.get('triton')}, commit {env['commit']}"
 
 
@@ -173,8 +173,8 @@ def section_sweeps(out: list[str], figures: Path) -> None:
                "τ_prob = 1 + Σ_k Π_{i≤k} c*_i (c* = 1 − TV to the target's distribution, teacher-forced prefixes): "
                "the expected accepted length of T = 1 verification. Depth at γ = 7; block length at one layer. "
                f"Measured on {machine(result)}.\n")
-    out.append("| sweep | layers | γ | DSpark τ_prob | DFlash τ_prob | DSpark gain in τ − 1 |")
-    out.append("|---|---|---|---|---|---|")
+    out.append("| sweep | layers | γ | DSpark τ_prob | DFlash τ_prob | DSpark gain in τ | gain in τ − 1 |")
+    out.append("|---|---|---|---|---|---|---|")
     for r in rows:
         if r["objective"] != "dspark":
             continue
@@ -183,10 +183,11 @@ def section_sweeps(out: list[str], figures: Path) -> None:
             continue
         out.append(f"| {r['sweep']} | {num(r['layers'], 'd')} | {num(r['block_size'], 'd')} | "
                    f"{num(r['eval_tau_prob'])} | {num(twin['eval_tau_prob'])} | "
+                   f"{num(100 * (r['eval_tau_prob'] / twin['eval_tau_prob'] - 1), '+.1f')}% | "
                    f"{num(_gain(r, twin), '+.1f')}% |")
     out.append("")
-    out.append("The gain is measured on τ − 1 (the accepted drafts, bonus excluded) because at τ near 1 the bonus "
-               "token hides any difference. The paper's Fig. 4 reports the gain in τ of "
+    out.append("The gain in τ − 1 (accepted drafts, bonus excluded) is shown as well because at τ near 1 the bonus "
+               "token dilutes any difference. The paper's Fig. 4 reports the gain in τ of "
                + ", ".join(f"+{quote(a, 'd')}/{quote(b, 'd')}/{quote(c, 'd')}% (math/code/chat) at γ = {g}"
                            for g, (a, b, c) in PAPER_BLOCK_GAIN.items())
                + ", and Fig. 3 that a 2-layer DSpark beats a 5-layer DFlash, the largest step coming from one to "
@@ -238,16 +239,17 @@ def section_calibration(out: list[str], figures: Path) -> None:
         return
     out.append("**How it was measured.** `benchmarks/bench_calibration.py`: the trained DSpark drafter decodes "
                "held-out prompts at T = 1 with every slot verified, recording its raw confidence logits and the "
-               f"accepted prefix. STS is fitted on {num(result['fit_rounds'], 'd')} rounds from one prompt set and "
-               f"evaluated on {num(result['eval_rounds'], 'd')} rounds from another, so the after column is out of "
-               "sample. Per position k the prediction is the survival a_k = Π_{i≤k} σ(z_i/T_i) and the label "
+               f"accepted prefix. STS is fitted on {num(result['fit_rounds'], 'd')} rounds of "
+               f"{num(result['fit_prompts'], 'd')} prompts and evaluated on {num(result['eval_rounds'], 'd')} rounds "
+               f"of {num(result['eval_prompts'], 'd')} other prompts, so the after column is out of sample. "
+               "Per position k the prediction is the survival a_k = Π_{i≤k} σ(z_i/T_i) and the label "
                f"1[k ≤ A]; ECE over {num(result['ece_bins'], 'd')} equal bins. Measured on {machine(result)}.\n")
     out.append("| position | rounds | ECE before | ECE after | AUROC | T_k | paper ECE before → after |")
     out.append("|---|---|---|---|---|---|---|")
     before, after = result["before"], result["after"]
     for k in range(len(before["ece"])):
         paper = PAPER_ECE.get(k + 1)
-        quoted_cell = f"{quote(paper[0])}% → {quote(paper[1])}%" if paper else ""
+        quoted_cell = f"{quote(paper[0], '.1f')}% → {quote(paper[1], '.1f')}%" if paper else ""
         out.append(f"| {k + 1} | {num(before['count'][k], 'd')} | {_pct(before['ece'][k])} | {_pct(after['ece'][k])} "
                    f"| {_maybe(before['auroc'][k])} | {num(result['temperatures'][k], '.2f')} | {quoted_cell} |")
     out.append("")
@@ -380,28 +382,36 @@ def _scheduler_verdict(cells, top) -> str:
     best_fixed = max(fixed, key=lambda r: r["realised_tokens_per_s"])
     alg1 = next(r for r in at_top if r["policy"] == "algorithm-1")
     ratio = 100 * (alg1["realised_tokens_per_s"] / best_fixed["realised_tokens_per_s"] - 1)
-    return (f"At R = {num(top, 'd')}, Algorithm 1 is at {num(ratio, '+.1f')}% of the best fixed length "
-            f"({best_fixed['policy']}).")
+    if abs(ratio) < 0.05:
+        return f"At R = {num(top, 'd')}, Algorithm 1 is level with the best fixed length ({best_fixed['policy']})."
+    return (f"At R = {num(top, 'd')}, Algorithm 1 is {num(abs(ratio), '.1f')}% {'ahead of' if ratio > 0 else 'behind'} "
+            f"the best fixed length ({best_fixed['policy']}).")
 
 
 def _figure_scheduler(replay, figures: Path) -> None:
     plt = _plt()
     panels = list(dict.fromkeys((r["sps"], r["pool"]) for r in replay))
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8), squeeze=False)
-    for ax, (table, pool) in zip(axes[0], panels):
+    columns = 2
+    rows_needed = (len(panels) + columns - 1) // columns
+    fig, axes = plt.subplots(rows_needed, columns, figsize=(11, 4 * rows_needed), squeeze=False)
+    adaptive = {"algorithm-1": dict(color="black", linewidth=3, linestyle="-", marker="o"),
+                "production": dict(color="tab:cyan", linewidth=1.5, linestyle="-.", marker="x")}
+    for ax, (table, pool) in zip(axes.flat, panels):
         cells = [r for r in replay if r["sps"] == table and r["pool"] == pool]
         for policy in dict.fromkeys(r["policy"] for r in cells):
             pts = sorted((r["requests"], r["realised_tokens_per_s"]) for r in cells if r["policy"] == policy)
-            style = "-" if policy in ("algorithm-1", "production") else "--" if policy.startswith("threshold") else ":"
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], linestyle=style, marker="." if style == ":" else "o",
-                    label=policy, linewidth=2 if style == "-" else 1)
+            style = adaptive.get(policy) or (dict(linestyle="--", marker="s", color="tab:olive")
+                                             if policy.startswith("threshold") else dict(linestyle=":", marker="."))
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], label=policy, **style)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrent requests R")
         ax.set_ylabel("tokens / s (realised)")
         where = "CPU" if "cpu" in table.lower() else "GPU"
-        ax.set_title(f"{table.split(' (')[0]} ({where}), {pool}", fontsize=9)
+        ax.set_title(f"{table.split(' (')[0]} ({where}), {pool} rounds", fontsize=10)
         ax.grid(alpha=0.3)
-    axes[0][-1].legend(fontsize=7, ncol=2)
+    for ax in axes.flat[len(panels):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7, ncol=2)
     _save(fig, figures, "scheduler.png")
 
 
@@ -524,8 +534,18 @@ def section_limits(out: list[str]) -> None:
                "differences between "
                "drafters are a few hundredths of a token: within the noise of a few prompts per domain for the "
                "decoding measurements. The comparison of interest is between drafters trained identically here.")
+    out.append("- The paper's order DSpark > DFlash > EAGLE-3 (§1) reproduces only in part: DSpark stays ahead of "
+               "DFlash, but the EAGLE-3-style drafter is level with or ahead of DSpark here. Why we think so: with "
+               "one layer and minutes of training, little is known beyond the next token or two, and the chain "
+               "drafter feeds each token it samples through a whole layer while DSpark's block sees its own "
+               "drafts only through the low-rank Markov bias; the paper's advantage comes from parallel drafting "
+               "at depth and data scale, where the chain's compounding errors, not the first slots, dominate.")
     out.append("- The sweeps (§2) train for fewer steps than §1 to fit the machine, and read τ_prob rather than "
-               "decoded τ; with so little training, depth and block length move τ_prob little.")
+               "decoded τ; with so little training, depth and block length move τ_prob little, and the gain over "
+               "DFlash does not grow with block length as the paper's does.")
+    out.append("- STS (§3), fitted on other prompts than it is judged on, helps at position 1 and not after it; "
+               "later positions are almost never accepted here, so their ECE is near zero before and after. Other "
+               "implementers report the same mixed out-of-sample effect (SPEC §4.3).")
     out.append("- With τ this close to 1, a round commits little more than one token while paying for a draft pass "
                "and a multi-token verify pass: hence the CPU slowdown in §5 and the small scheduler gains on the "
                "trained pool in §4. The synthetic paper-profile pool shows what the same policies do when drafts "

@@ -6,8 +6,8 @@ from pathlib import Path
 import paper.build as builder
 
 ROOT = Path(__file__).resolve().parents[1]
-# Standalone numbers: not part of a word, an identifier, a version string or a decimal.
-NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?![\w.])")
+# Standalone numbers: not part of a word, an identifier, a version string, a decimal or a "§4.3" reference.
+NUMBER = re.compile(r"(?<![\w.§])\d+(?:\.\d+)?(?![\w.])")
 # Section, figure, slot and position numbers, γ and layer counts, "T = 0/1": structure, not measurements.
 STRUCTURAL = {str(i) for i in range(17)}
 
