@@ -168,7 +168,9 @@ class SpeculativeDecoder:
 
     Args:
         target: a :class:`dspark.target.TargetModel` whose taps match ``drafter.config.target_layer_ids``.
-        drafter: a :class:`dspark.DSparkDrafter` for this target.
+        drafter: a :class:`dspark.DSparkDrafter` for this target, or any drafter with the same
+            ``new_cache`` / ``extend_cache`` / ``draft`` methods (the EAGLE-3-style
+            :class:`dspark.eagle3.Eagle3Drafter`; without a confidence head every slot has confidence 1).
         config: sampling settings shared by drafter and target (the drafter samples from the same warp).
         scheduler: verify-length policy; default sends all γ drafts (``FixedLength(γ)``).
         backend: backend of the drafter's ops and of verification.
