@@ -521,8 +521,11 @@ def _section_sps(out: list[str], figures: Path) -> None:
     _save(fig, figures, "sps.png")
     out.append("![SPS profiles](figures/sps.png)\n")
     out.append("*Figure 5. Verify-pass latency against tokens per pass, the SPS tables the scheduler plans with. "
-               "The GPU curve for SmolLM2-135M is flat (launch-bound eager PyTorch), so on that target a GPU pass "
-               "costs the same whatever the verify length.*\n")
+               "The GPU curve for SmolLM2-135M is flat apart from noise (launch-bound eager PyTorch): on that "
+               "target a GPU pass costs the same whatever the verify length. The first Qwen3-8B points are slower "
+               "than the next ones, a warm-up artifact of one short run (one warm-up pass per point); the "
+               "scheduler's tables are made non-decreasing by a running maximum, so the artifact flattens the "
+               "planned curve at small B instead of bending it.*\n")
 
 
 def section_limits(out: list[str]) -> None:
