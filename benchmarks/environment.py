@@ -6,7 +6,6 @@ import datetime
 import json
 import os
 import platform
-import subprocess
 from pathlib import Path
 
 import torch
@@ -41,13 +40,9 @@ def _commit() -> str:
     # A copy of the tree without .git (the lent GPU machine) is told its commit through the environment.
     if os.environ.get("DSPARK_COMMIT"):
         return os.environ["DSPARK_COMMIT"]
-    try:
-        root = Path(__file__).resolve().parents[1]
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True)
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True).stdout
-        return out.stdout.strip() + ("-dirty" if dirty.strip() else "") if out.returncode == 0 else "unknown"
-    except OSError:
-        return "unknown"
+    from dspark.training import source_commit
+
+    return source_commit()
 
 
 def write_result(name: str, payload: dict, directory: Path | None = None) -> Path:

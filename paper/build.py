@@ -56,6 +56,15 @@ def load(name: str) -> dict | None:
     return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
 
 
+def _results(out: list[str], name: str, heading: str, script: str) -> dict | None:
+    """Open a section: its heading, then the results file, or a line saying which script would make it."""
+    out.append(f"{heading}\n")
+    result = load(name)
+    if result is None:
+        out.append(f"*Not measured yet: run `python {script}`.*\n")
+    return result
+
+
 def machine(result: dict) -> str:
     env = result["environment"]
     where = env["device"] if env["device"] != "cpu" else f"CPU ({env['processor']}, {num(env['cpu_count'], 'd')} cores)"
@@ -83,10 +92,9 @@ def _save(fig, figures: Path, name: str) -> None:
 
 
 def section_acceptance(out: list[str], figures: Path) -> None:
-    result = load("acceptance_cpu")
-    out.append("## 1. Accepted length per domain (Table 1 at small scale)\n")
+    result = _results(out, "acceptance_cpu", "## 1. Accepted length per domain (Table 1 at small scale)",
+                      "benchmarks/bench_acceptance.py")
     if result is None:
-        out.append("*Not measured yet: run `python benchmarks/bench_acceptance.py`.*\n")
         return
     rows = result["rows"]
     drafters = list(dict.fromkeys(r["drafter"] for r in rows))
@@ -162,10 +170,9 @@ def _figure_acceptance(rows: list[dict], figures: Path) -> None:
 
 
 def section_sweeps(out: list[str], figures: Path) -> None:
-    result = load("sweeps")
-    out.append("## 2. Gain over DFlash against depth and block length (Figs. 3 and 4)\n")
+    result = _results(out, "sweeps", "## 2. Gain over DFlash against depth and block length (Figs. 3 and 4)",
+                      "benchmarks/bench_sweeps.py")
     if result is None:
-        out.append("*Not measured yet: run `python benchmarks/bench_sweeps.py`.*\n")
         return
     rows = result["rows"]
     out.append("**How it was measured.** `benchmarks/bench_sweeps.py` trains a DSpark and a DFlash drafter at "
@@ -232,10 +239,9 @@ def _figure_sweeps(rows, figures: Path) -> None:
 
 
 def section_calibration(out: list[str], figures: Path) -> None:
-    result = load("calibration_cpu")
-    out.append("## 3. Calibration before and after STS (Fig. 6)\n")
+    result = _results(out, "calibration_cpu", "## 3. Calibration before and after STS (Fig. 6)",
+                      "benchmarks/bench_calibration.py")
     if result is None:
-        out.append("*Not measured yet: run `python benchmarks/bench_calibration.py`.*\n")
         return
     out.append("**How it was measured.** `benchmarks/bench_calibration.py`: the trained DSpark drafter decodes "
                "held-out prompts at T = 1 with every slot verified, recording its raw confidence logits and the "
