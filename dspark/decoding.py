@@ -90,7 +90,11 @@ def _check_prompts(prompts: list[list[int]], vocab: int) -> None:
 
 
 def prefill(target, prompts: list[list[int]]):
-    """Feed right-padded prompts. Returns ``(state, last_logits [B, V], taps [B, L, F], lengths [B], ids [B, L])``."""
+    """Feed right-padded prompts.
+
+    Returns ``(state, last_logits [B, V], step, lengths [B], ids [B, L])``: ``step`` holds the taps
+    ``[B, L, F]`` and final hidden states ``[B, L, H]`` of every prompt slot (padding included).
+    """
     device = target.device
     lengths = torch.tensor([len(p) for p in prompts], device=device)
     width = int(lengths.max())
@@ -103,20 +107,52 @@ def prefill(target, prompts: list[list[int]]):
     step = target.forward(state, ids, slots, valid)
     state.next_pos = lengths.clone()
     last = step.logits[torch.arange(len(prompts), device=device), lengths - 1]
-    return state, last, step.taps, lengths, ids
+    return state, last, step, lengths, ids
+
+
+def uniform_draws(shape: tuple[int, ...], generator: torch.Generator, dtype: torch.dtype,
+                  device: torch.device | str = "cpu") -> torch.Tensor:
+    """Draws in ``[0, 1)`` in ``dtype`` (at least fp32): fp64 draws from ``generator``, rounded, and the few that
+    round up to 1.0 (about 1 in 3·10⁷ in fp32) set to the largest value below 1 so they stay valid."""
+    dtype = torch.promote_types(dtype, torch.float32)
+    draws = torch.rand(shape, generator=generator, dtype=torch.float64).to(dtype)
+    below_one = 1.0 - torch.finfo(dtype).eps / 2
+    return torch.where(draws < 1, draws, torch.full_like(draws, below_one)).to(device)
 
 
 def sample(logits: torch.Tensor, config: SamplingConfig, generator: torch.Generator) -> torch.Tensor:
     """One token per row of ``logits [B, V]`` under the sampling config."""
     probs = warp_logits(logits, config.temperature, config.top_k, config.top_p)
-    uniforms = torch.rand(logits.shape[0], generator=generator, dtype=torch.float64).to(probs)
-    return sample_from_probs(probs, uniforms)
+    return sample_from_probs(probs, uniform_draws((logits.shape[0],), generator, probs.dtype, probs.device))
 
 
-def _finished(out: list[list[int]], active: torch.Tensor, eos: int | None, max_new_tokens: int) -> torch.Tensor:
-    """``[len(active)]`` bool: the request's last token is EOS, or it has all its tokens."""
-    return torch.tensor([(eos is not None and out[r][-1] == eos) or len(out[r]) >= max_new_tokens
-                         for r in active.tolist()], dtype=torch.bool)
+class _Outputs:
+    """Generated tokens of every request in one buffer ``[B, max_new_tokens]``: appended to and tested for
+    completion with tensor ops, so a decoding step does no Python work per request."""
+
+    def __init__(self, num_requests: int, max_new_tokens: int, eos: int | None):
+        self.tokens = torch.zeros(num_requests, max_new_tokens, dtype=torch.long)
+        self.count = torch.zeros(num_requests, dtype=torch.long)
+        self.eos, self.max_new_tokens = eos, max_new_tokens
+
+    def append(self, rows: torch.Tensor, new: torch.Tensor, num_new: torch.Tensor) -> None:
+        """Append the first ``num_new[i]`` tokens of ``new [n, w]`` to request ``rows[i]``."""
+        new, num_new = new.cpu(), num_new.cpu()
+        slots = self.count[rows, None] + torch.arange(new.shape[1])
+        keep = torch.arange(new.shape[1]) < num_new[:, None]
+        self.tokens[rows[:, None].expand_as(slots)[keep], slots[keep]] = new[keep]
+        self.count[rows] += num_new
+
+    def finished(self, rows: torch.Tensor) -> torch.Tensor:
+        """``[len(rows)]`` bool: the request's last token is EOS, or it has all its tokens."""
+        count = self.count[rows]
+        done = count >= self.max_new_tokens
+        if self.eos is not None:
+            done |= self.tokens[rows, (count - 1).clamp(min=0)] == self.eos
+        return done
+
+    def lists(self) -> list[list[int]]:
+        return [row[:n].tolist() for row, n in zip(self.tokens, self.count.tolist())]
 
 
 def _progress(total: int, enabled: bool, desc: str):
@@ -138,15 +174,15 @@ def generate(target, prompts: list[list[int]], config: SamplingConfig | None = N
     bar = _progress(len(prompts) * config.max_new_tokens, progress, "target-only")
     start = time.perf_counter()
     state, logits, *_ = prefill(target, prompts)
-    out: list[list[int]] = [[] for _ in prompts]
+    out = _Outputs(len(prompts), config.max_new_tokens, eos)
     active = torch.arange(len(prompts))
     token = sample(logits, config, gen)
+    one = torch.ones(len(prompts), dtype=torch.long)
     while True:
-        for row, req in enumerate(active.tolist()):
-            out[req].append(int(token[row]))
+        out.append(active, token[:, None], one[: len(active)])
         if bar:
             bar.update(len(active))
-        done = _finished(out, active, eos, config.max_new_tokens)
+        done = out.finished(active)
         if bool(done.all()):
             break
         if bool(done.any()):
@@ -160,7 +196,7 @@ def generate(target, prompts: list[list[int]], config: SamplingConfig | None = N
         token = sample(step.logits[:, -1], config, gen)
     if bar:
         bar.close()
-    return GenerationResult(out, time.perf_counter() - start)
+    return GenerationResult(out.lists(), time.perf_counter() - start)
 
 
 class SpeculativeDecoder:
@@ -203,13 +239,14 @@ class SpeculativeDecoder:
         self.stats = AcceptanceStats(self.gamma)
         self.timings = {"prefill": 0.0, "draft": 0.0, "schedule": 0.0, "verify": 0.0}
         t0 = time.perf_counter()
-        self.state, logits, taps, lengths, ids = prefill(self.target, prompts)
+        self.state, logits, prompt_step, lengths, ids = prefill(self.target, prompts)
         self.cache = self.drafter.new_cache(len(prompts), capacity=int(lengths.max()) + 16, device=self.device,
                                             dtype=self.dtype)
-        self.drafter.extend_cache(self.cache, taps.to(self.dtype), lengths, token_ids=ids)
+        self.drafter.extend_cache(self.cache, prompt_step.taps.to(self.dtype), lengths, token_ids=ids)
         self.anchor = sample(logits, self.config, self.generator).to(self.device)
-        self.out: list[list[int]] = [[int(t)] for t in self.anchor.tolist()]
+        self.outputs = _Outputs(len(prompts), self.config.max_new_tokens, self.eos)
         self.active = torch.arange(len(prompts))
+        self.outputs.append(self.active, self.anchor[:, None], torch.ones(len(prompts), dtype=torch.long))
         self.timings["prefill"] = time.perf_counter() - t0
         self._drop_finished()
         return self
@@ -218,8 +255,13 @@ class SpeculativeDecoder:
     def finished(self) -> bool:
         return len(self.active) == 0
 
+    @property
+    def out(self) -> list[list[int]]:
+        """Tokens generated so far, per request (prompt excluded)."""
+        return self.outputs.lists()
+
     def _drop_finished(self) -> None:
-        done = _finished(self.out, self.active, self.eos, self.config.max_new_tokens)
+        done = self.outputs.finished(self.active)
         if bool(done.any()):
             keep = (~done).nonzero().squeeze(1)
             self.target.select(self.state, keep)
@@ -227,15 +269,14 @@ class SpeculativeDecoder:
             self.active, self.anchor = self.active[keep], self.anchor[keep.to(self.device)]
 
     def _uniforms(self, *shape, dtype) -> torch.Tensor:
-        return torch.rand(*shape, generator=self.generator, dtype=torch.float64).to(self.device, dtype)
+        return uniform_draws(shape, self.generator, dtype, self.device)
 
     @torch.no_grad()
     def step(self) -> list[int]:
         """One round for every active request; returns how many tokens each committed."""
         config, gamma, device = self.config, self.gamma, self.device
         num = len(self.active)
-        remaining = torch.tensor([config.max_new_tokens - len(self.out[r]) for r in self.active.tolist()],
-                                 device=device)
+        remaining = (config.max_new_tokens - self.outputs.count[self.active]).to(device)
         t0 = time.perf_counter()
         draft = self.drafter.draft(self.anchor, self.cache, self._uniforms(num, gamma, dtype=self.dtype),
                                    temperature=config.temperature, top_k=config.top_k, top_p=config.top_p,
@@ -274,12 +315,8 @@ class SpeculativeDecoder:
             # Slots after an accepted EOS were never really verified: they leave the calibration data.
             verified = torch.where(result.num_committed == result.num_accepted, result.num_accepted, verify_len)
             self.rounds.append((draft.confidence_logits.cpu(), verified.cpu(), result.num_accepted.cpu()))
-        committed = result.committed.cpu()
-        counts = []
-        for row, req in enumerate(self.active.tolist()):
-            new = [int(t) for t in committed[row, : int(result.num_committed[row])]]
-            self.out[req].extend(new)
-            counts.append(len(new))
+        self.outputs.append(self.active, result.committed, result.num_committed)
+        counts = result.num_committed.tolist()
         # After an accepted EOS there is no next token; the request is dropped before it is read.
         self.anchor = result.next_token.clamp(min=0)
         self._drop_finished()
@@ -287,9 +324,9 @@ class SpeculativeDecoder:
 
     def run(self, progress: bool = False) -> GenerationResult:
         """Step until every request has finished; the result's time includes the prefill."""
-        bar = _progress(len(self.out) * self.config.max_new_tokens, progress, "speculative")
+        bar = _progress(len(self.outputs.count) * self.config.max_new_tokens, progress, "speculative")
         if bar:
-            bar.update(len(self.out))
+            bar.update(int(self.outputs.count.sum()))
         t0 = time.perf_counter() - self.timings["prefill"]
         while not self.finished:
             counts = self.step()
@@ -297,7 +334,7 @@ class SpeculativeDecoder:
                 bar.update(sum(counts))
         if bar:
             bar.close()
-        return GenerationResult(self.out, time.perf_counter() - t0, self.stats, self.timings)
+        return GenerationResult(self.outputs.lists(), time.perf_counter() - t0, self.stats, self.timings)
 
 
 def speculative_generate(target, drafter, prompts: list[list[int]], config: SamplingConfig | None = None, *,

@@ -142,3 +142,28 @@ def test_sampled_output_follows_the_target(temperature, top_k):
     expected = first[:, None] * second
     p = chi_square_pvalue(counts, expected)
     assert p > 1e-3, f"speculative samples differ from the target (chi-square p = {p:.2e})"
+
+
+def test_uniform_draws_stay_below_one_in_low_precision():
+    from dspark.decoding import uniform_draws
+
+    gen = torch.Generator().manual_seed(0)
+    draws = uniform_draws((1_000_000,), gen, torch.bfloat16)
+    # bf16 uniforms are widened to fp32 (a bf16 cast rounds about 1 in 500 draws up to exactly 1.0).
+    assert draws.dtype == torch.float32 and float(draws.max()) < 1 and float(draws.min()) >= 0
+    fp64 = torch.rand(1_000_000, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    assert int((fp64.to(torch.bfloat16) == 1).sum()) > 100  # the failure the widening avoids
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_drafters_decode_sampled_runs(dtype):
+    """A bf16 or fp16 drafter at T = 1 over many draws: no draw rounds up to 1, and greedy stays lossless."""
+    target = tiny_target("llama")
+    drafter = drafter_for(target).to(dtype)
+    prompts = PROMPTS * 4
+    for seed in range(3):
+        out = speculative_generate(target, drafter, prompts, SamplingConfig(max_new_tokens=16, temperature=1.0,
+                                                                            seed=seed))
+        assert all(len(t) == 16 for t in out.tokens)
+    greedy = SamplingConfig(max_new_tokens=16, temperature=0.0)
+    assert speculative_generate(target, drafter, prompts, greedy).tokens == generate(target, prompts, greedy).tokens

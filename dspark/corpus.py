@@ -1,0 +1,241 @@
+"""A training corpus answered by the target itself, with its features captured while it answers.
+
+Drafters learn to predict what the target would say (on-policy data, see ``docs/method.md``), from the
+target's hidden states at the same positions. Both come out of one pass: while the target answers a batch
+of prompts greedily with its KV cache, the taps and final-normed hidden state of every token it reads are
+kept, so no second forward over the answers is needed.
+
+* Prompts are processed in rounds of ``round_size`` (shuffled, so an interrupted corpus is a fair sample),
+  each round sorted by prompt length and cut into batches of ``batch_size``: similar lengths share a batch
+  and little of the cache is padding.
+* Every request stays in its batch for one step after its last token, so that token's features are read
+  too; a request that has not finished when fewer than ``min_active_fraction`` of its batch are still
+  running is cut there (its answer is a truncated, never a wrong, continuation of the prompt).
+* Each sample is one file ``{index:06d}.safetensors`` in the layout of :class:`dspark.training.OfflineFeatures`
+  (``hidden_states [S, taps + 1, H]`` in bf16, ``token_ids``, ``loss_mask``), written atomically; a rerun
+  skips every sample already on disk, so the corpus resumes after an interruption.
+* ``max_bytes`` bounds the cache on disk: regeneration stops, and says so, before it would pass it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from dspark.training import Sample
+
+
+@dataclass
+class CorpusReport:
+    """What :func:`build_corpus` did in this call: samples and answer tokens written, seconds and tokens/s."""
+
+    samples_written: int
+    answer_tokens: int
+    seconds: float
+    samples_total: int
+    stopped_by_budget: bool
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.answer_tokens / self.seconds if self.seconds > 0 else float("nan")
+
+
+def sample_path(directory: Path, index: int) -> Path:
+    return directory / f"{index:06d}.safetensors"
+
+
+def _write_sample(directory: Path, index: int, token_ids: list[int], prompt_len: int, taps: torch.Tensor,
+                  hidden: torch.Tensor, dtype: torch.dtype) -> int:
+    import safetensors.torch
+
+    from dspark.io import atomic_write
+
+    ids = torch.tensor(token_ids, dtype=torch.long)
+    mask = torch.zeros(len(token_ids), dtype=torch.uint8)
+    mask[prompt_len:] = 1
+    states = torch.cat([taps.reshape(taps.shape[0], -1, hidden.shape[-1]), hidden[:, None]], 1)
+    tensors = {"hidden_states": states.to(dtype).contiguous(), "token_ids": ids, "loss_mask": mask}
+    atomic_write(sample_path(directory, index), lambda tmp: safetensors.torch.save_file(tensors, tmp))
+    return sample_path(directory, index).stat().st_size
+
+
+@torch.no_grad()
+def answer_batch(target, prompts: list[list[int]], *, max_new_tokens: int, min_active_fraction: float = 0.25,
+                 on_step=None) -> list[tuple[list[int], torch.Tensor, torch.Tensor]]:
+    """Greedy answers of one batch, with the features of every token read.
+
+    Returns, per prompt, ``(answer ids, taps [P + A, taps·H], hidden [P + A, H])`` where P is the prompt's
+    length and A the answer's. ``on_step(active)`` is called after every decode step with the number of
+    requests fed in it (for progress bars).
+    """
+    from dspark.decoding import prefill
+
+    num = len(prompts)
+    eos = target.eos_token_id
+    state, logits, prompt_step, _, _ = prefill(target, prompts)
+    taps_of = [[prompt_step.taps[b, : len(p)].cpu()] for b, p in enumerate(prompts)]
+    hidden_of = [[prompt_step.hidden[b, : len(p)].cpu()] for b, p in enumerate(prompts)]
+    answers: list[list[int]] = [[int(t)] for t in logits.argmax(-1).tolist()]
+    finished = [(eos is not None and a[-1] == eos) or max_new_tokens <= 1 for a in answers]
+    active = list(range(num))  # requests still in the batch; each is fed its last token once more after finishing
+    while active:
+        device = target.device
+        fed = torch.tensor([answers[r][-1] for r in active], device=device)[:, None]
+        step = target.forward(state, fed, state.next_pos[:, None],
+                              torch.ones(len(active), 1, dtype=torch.bool, device=device))
+        state.next_pos = state.next_pos + 1
+        next_tokens = step.logits[:, -1].argmax(-1).tolist()
+        step_taps, step_hidden = step.taps[:, 0].cpu(), step.hidden[:, 0].cpu()
+        keep = []
+        for row, r in enumerate(active):
+            taps_of[r].append(step_taps[row: row + 1])
+            hidden_of[r].append(step_hidden[row: row + 1])
+            if finished[r]:
+                continue  # its last token has now been read: it leaves the batch
+            answers[r].append(int(next_tokens[row]))
+            finished[r] = (eos is not None and answers[r][-1] == eos) or len(answers[r]) >= max_new_tokens
+            keep.append(row)
+        if on_step is not None:
+            on_step(len(active))
+        if len(keep) < len(active):
+            rows = torch.tensor(keep, dtype=torch.long)
+            if keep:
+                target.select(state, rows)
+            active = [active[i] for i in keep]
+        if active and len(active) < min_active_fraction * num:
+            for r in active:
+                finished[r] = True
+    return [(answers[r], torch.cat(taps_of[r]), torch.cat(hidden_of[r])) for r in range(num)]
+
+
+def build_corpus(target, prompts: list[str] | list[list[int]], directory: str | os.PathLike, *,
+                 max_new_tokens: int = 192,
+                 batch_size: int = 64, round_size: int = 1024, max_bytes: int = 40 << 30,
+                 dtype: torch.dtype = torch.bfloat16, min_active_fraction: float = 0.25, seed: int = 0,
+                 progress: bool = True) -> CorpusReport:
+    """Answer ``prompts`` with ``target`` and store samples with features under ``directory``.
+
+    A prompt is chat text (encoded with the target's chat template) or a list of token ids (used as is).
+
+    Resumable: samples already written are kept and skipped. Records its settings in ``corpus.json`` and
+    refuses to continue a corpus made with other settings or another prompt list.
+    """
+    if batch_size < 1 or round_size < 1 or max_new_tokens < 1:
+        raise ValueError("batch_size, round_size and max_new_tokens must be positive")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    settings = {"num_prompts": len(prompts), "max_new_tokens": max_new_tokens, "seed": seed,
+                "target_dtype": str(next(target.model.parameters()).dtype), "feature_dtype": str(dtype),
+                "tap_layers": list(target.tap_layers), "hidden_size": target.hidden_size,
+                "prompts_digest": _digest(prompts)}
+    manifest = directory / "corpus.json"
+    if manifest.exists():
+        recorded = json.loads(manifest.read_text(encoding="utf-8"))
+        if recorded.get("settings") != settings:
+            raise ValueError(f"{directory} holds a corpus made with other settings ({recorded.get('settings')}); "
+                             "use another directory")
+    else:
+        _write_json(manifest, {"settings": settings, "runs": []})
+    order = list(range(len(prompts)))
+    random.Random(seed).shuffle(order)
+    todo = [i for i in order if not sample_path(directory, i).exists()]
+    used = sum(p.stat().st_size for p in directory.glob("*.safetensors"))
+    report = CorpusReport(0, 0, 0.0, len(prompts) - len(todo), False)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(todo) * max_new_tokens // 2, desc="answering prompts", unit="tok", smoothing=0.05,
+                   dynamic_ncols=True)
+    start = time.perf_counter()
+
+    def on_step(active: int) -> None:
+        if bar is not None:
+            bar.update(active)
+
+    for r0 in range(0, len(todo), round_size):
+        chunk = todo[r0: r0 + round_size]
+        encoded = {i: _encode(target, prompts[i]) for i in chunk}
+        chunk.sort(key=lambda i: len(encoded[i]))
+        for b0 in range(0, len(chunk), batch_size):
+            batch = chunk[b0: b0 + batch_size]
+            results = answer_batch(target, [encoded[i] for i in batch], max_new_tokens=max_new_tokens,
+                                   min_active_fraction=min_active_fraction, on_step=on_step)
+            for i, (answer, taps, hidden) in zip(batch, results):
+                used += _write_sample(directory, i, encoded[i] + answer, len(encoded[i]), taps, hidden, dtype)
+                report.samples_written += 1
+                report.answer_tokens += len(answer)
+            report.seconds = time.perf_counter() - start
+            if bar is not None:
+                # Re-estimate the remaining tokens from the answers' mean length so far.
+                left = len(todo) - report.samples_written
+                bar.total = bar.n + left * report.answer_tokens // max(report.samples_written, 1)
+                bar.set_postfix(samples=report.samples_total + report.samples_written,
+                                answer_tok_s=f"{report.tokens_per_second:.0f}", disk=f"{used / 2**30:.1f}GiB")
+            if used >= max_bytes:
+                report.stopped_by_budget = True
+                break
+        if report.stopped_by_budget:
+            break
+    if bar is not None:
+        bar.close()
+    report.samples_total += report.samples_written
+    recorded = json.loads(manifest.read_text(encoding="utf-8"))
+    recorded["runs"].append({"samples_written": report.samples_written, "answer_tokens": report.answer_tokens,
+                             "seconds": round(report.seconds, 1), "batch_size": batch_size,
+                             "stopped_by_budget": report.stopped_by_budget})
+    _write_json(manifest, recorded)
+    if report.stopped_by_budget:
+        print(f"corpus: stopped at {used / 2**30:.1f} GiB, the max_bytes budget; "
+              f"{report.samples_total} of {len(prompts)} prompts answered")
+    return report
+
+
+def load_corpus(directory: str | os.PathLike) -> list[Sample]:
+    """The samples stored under ``directory`` (token ids and loss masks only; features stay on disk), by index.
+
+    Each sample's ``key`` is its prompt index, which names its feature file for
+    :class:`dspark.training.OfflineFeatures`.
+    """
+    from safetensors import safe_open
+
+    directory = Path(directory)
+    samples = []
+    for path in sorted(directory.glob("[0-9]*.safetensors")):
+        with safe_open(path, framework="pt") as f:
+            samples.append(Sample(f.get_tensor("token_ids"), f.get_tensor("loss_mask").bool(), key=int(path.stem)))
+    return samples
+
+
+def _encode(target, prompt: str | list[int]) -> list[int]:
+    if isinstance(prompt, str):
+        return target.encode_chat(prompt)
+    if not prompt or not all(isinstance(t, int) and 0 <= t < target.vocab_size for t in prompt):
+        raise ValueError(f"a token-id prompt must be a non-empty list of ints in [0, {target.vocab_size})")
+    return list(prompt)
+
+
+def _digest(prompts: list[str] | list[list[int]]) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for p in prompts:
+        h.update(p.encode("utf-8") if isinstance(p, str) else repr(list(p)).encode("ascii"))
+        h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
+def _write_json(path: Path, data: dict) -> None:
+    from dspark.io import atomic_write
+
+    def write(tmp: str) -> None:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(json.dumps(data, indent=2) + "\n")
+
+    atomic_write(path, write)

@@ -1,0 +1,65 @@
+"""The regenerated corpus: each answer is the target's greedy answer to its prompt alone, the captured
+features are the target's full-forward features of the answered sequence, and a rerun resumes."""
+
+import pytest
+import torch
+
+from dspark.corpus import answer_batch, build_corpus, load_corpus
+from dspark.decoding import SamplingConfig, generate
+from dspark.training import OfflineFeatures, target_features
+from tests.e2e.conftest import tiny_target
+
+
+def _prompts(target, count=7, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(2, 12, (count,), generator=gen).tolist()  # ragged: padding inside the batches
+    return [torch.randint(0, target.vocab_size, (n,), generator=gen).tolist() for n in lengths]
+
+
+def test_corpus_holds_each_prompts_own_answer_and_full_forward_features(tmp_path):
+    target = tiny_target(vocab=48)
+    prompts = _prompts(target)
+    report = build_corpus(target, prompts, tmp_path, max_new_tokens=9, batch_size=3, round_size=5,
+                          dtype=torch.float32, min_active_fraction=0.0, progress=False)
+    assert report.samples_written == len(prompts) and report.samples_total == len(prompts)
+    samples = load_corpus(tmp_path)
+    assert [s.key for s in samples] == list(range(len(prompts)))
+    source = OfflineFeatures(tmp_path, target.tap_layers, target.hidden_size)
+    for sample, prompt in zip(samples, prompts):
+        alone = generate(target, [prompt], SamplingConfig(max_new_tokens=9)).tokens[0]
+        assert sample.token_ids.tolist() == prompt + alone
+        assert sample.loss_mask.tolist() == [False] * len(prompt) + [True] * len(alone)
+        # Batched with padding and a cache versus one full forward: fp32 rounding only.
+        for got, want in zip(source.features(sample.key, sample), target_features(target, sample.token_ids)):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_corpus_resumes_and_refuses_other_settings(tmp_path):
+    target = tiny_target(vocab=48)
+    prompts = _prompts(target, count=5)
+    build_corpus(target, prompts, tmp_path, max_new_tokens=6, batch_size=2, progress=False)
+    kept = (tmp_path / "000000.safetensors").stat().st_mtime_ns
+    (tmp_path / "000003.safetensors").unlink()
+    again = build_corpus(target, prompts, tmp_path, max_new_tokens=6, batch_size=2, progress=False)
+    assert again.samples_written == 1 and again.samples_total == 5
+    assert (tmp_path / "000000.safetensors").stat().st_mtime_ns == kept
+    with pytest.raises(ValueError, match="other settings"):
+        build_corpus(target, prompts, tmp_path, max_new_tokens=7, progress=False)
+    with pytest.raises(ValueError, match="other settings"):
+        build_corpus(target, prompts[:4], tmp_path, max_new_tokens=6, progress=False)
+    with pytest.raises(ValueError, match="token-id prompt"):
+        build_corpus(target, [[1, 2, 999]], tmp_path / "other", progress=False)
+
+
+def test_answers_cut_when_the_batch_empties_are_prefixes_of_the_full_answers():
+    target = tiny_target(vocab=48)
+    prompts = _prompts(target, count=4)
+    first = answer_batch(target, prompts, max_new_tokens=12)[0][0]
+    target.model.config.eos_token_id = first[2]  # request 0 now stops at its third token; the others may not
+    full = answer_batch(target, prompts, max_new_tokens=12, min_active_fraction=0.0)
+    cut = answer_batch(target, prompts, max_new_tokens=12, min_active_fraction=1.0)
+    assert len(full[0][0]) == 3 and any(len(a) > len(b) for (a, _, _), (b, _, _) in zip(full, cut))
+    for (a, taps_a, _), (b, taps_b, _), prompt in zip(full, cut, prompts):
+        assert 1 <= len(b) <= len(a) and a[: len(b)] == b
+        assert taps_b.shape[0] == len(prompt) + len(b)  # every token read, the last one included
+        torch.testing.assert_close(taps_a[: taps_b.shape[0]], taps_b, rtol=1e-4, atol=1e-4)
