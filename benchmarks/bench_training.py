@@ -6,7 +6,10 @@ steps, in a fresh process so that peaks do not mix:
 
 * ``plain``: the PyTorch loss with every ``[rows, V]`` fp32 logit tensor alive at once;
 * ``chunked``: the PyTorch loss over ``--chunk-rows`` rows at a time, recomputed in backward;
-* ``fused``: the Triton loss kernel (GPU only; the CPU interpreter says nothing about speed).
+* ``fused``: the Triton loss kernel (GPU only; the CPU interpreter says nothing about speed);
+* ``bf16``: the plain loss with ``TrainConfig(precision="bf16")`` (bf16 operands in every product; the other
+  variants run in ``precision="auto"``: fp32 on a CPU, bf16 autocast on a GPU);
+* ``bf16-vocab``: ``bf16`` with a reduced draft vocabulary of ``--draft-vocab`` tokens (the CPU recipe).
 
 Peak memory is the process's peak resident set on the CPU (``ru_maxrss``, measured above what it held
 before the first step) and ``torch.cuda.max_memory_allocated`` above the same baseline on a GPU.
@@ -60,7 +63,7 @@ def rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
-def measure(variant: str, scale: str, device: str, steps: int, chunk_rows: int) -> dict:
+def measure(variant: str, scale: str, device: str, steps: int, chunk_rows: int, draft_vocab: int) -> dict:
     from dspark import DSparkConfig, DSparkDrafter
     from dspark.training import Sample, TrainConfig, Trainer
 
@@ -70,7 +73,8 @@ def measure(variant: str, scale: str, device: str, steps: int, chunk_rows: int) 
     config = DSparkConfig(vocab_size=s["vocab"], hidden_size=s["hidden"], num_attention_heads=s["heads"],
                           num_key_value_heads=s["kv_heads"], intermediate_size=s["intermediate"],
                           num_target_layers=s["target_layers"], target_layer_ids=taps, mask_token_id=s["vocab"] - 1,
-                          block_size=7, num_draft_layers=1, markov_rank=s["rank"])
+                          block_size=7, num_draft_layers=1, markov_rank=s["rank"],
+                          draft_vocab_size=draft_vocab if variant == "bf16-vocab" else None)
     with torch.device(device):  # built in place: initialising paper-scale tables on the CPU takes a minute
         drafter = DSparkDrafter(config)
         with torch.no_grad():
@@ -85,9 +89,10 @@ def measure(variant: str, scale: str, device: str, steps: int, chunk_rows: int) 
         mask[s["seq_len"] // 8:] = True
         samples.append(Sample(ids, mask))
     source = SyntheticFeatures(s["seq_len"], len(taps), s["hidden"], len(samples))
-    backend = {"plain": "torch", "chunked": "torch", "fused": "triton"}[variant]
+    backend = "triton" if variant == "fused" else "torch"
     train_config = TrainConfig(steps=steps + 2, num_anchors=s["anchors"], sequences_per_step=s["sequences"],
                                eval_every=0, loss_backend=backend,
+                               precision="bf16" if variant.startswith("bf16") else "auto",
                                loss_chunk_rows=chunk_rows if variant == "chunked" else None)
     trainer = Trainer(drafter, lm_head, source, samples, train_config)
     if device == "cuda":
@@ -108,7 +113,8 @@ def measure(variant: str, scale: str, device: str, steps: int, chunk_rows: int) 
     slots = s["anchors"] * config.block_size * s["sequences"]
     seconds = statistics.median(times)
     return {"variant": variant, "scale": scale, "chunk_rows": chunk_rows if variant == "chunked" else None,
-            "rows_per_step": slots, "vocab": s["vocab"], "seconds_per_step": seconds, "tokens_per_s": slots / seconds,
+            "rows_per_step": slots, "vocab": config.draft_vocab_size, "seconds_per_step": seconds,
+            "tokens_per_s": slots / seconds,
             "peak_bytes_above_start": peak}
 
 
@@ -118,18 +124,21 @@ def main() -> None:
     parser.add_argument("--scale", choices=list(SCALES), default="default")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--chunk-rows", type=int, default=128)
-    parser.add_argument("--variants", nargs="+", choices=["plain", "chunked", "fused"], default=None)
+    parser.add_argument("--draft-vocab", type=int, default=16384, help="the bf16-vocab variant's draft vocabulary")
+    parser.add_argument("--variants", nargs="+", choices=["plain", "chunked", "fused", "bf16", "bf16-vocab"],
+                        default=None)
     parser.add_argument("--variant", default=None, help=argparse.SUPPRESS)  # the child process's one variant
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     if args.variant:
-        print(json.dumps(measure(args.variant, args.scale, args.device, args.steps, args.chunk_rows)))
+        print(json.dumps(measure(args.variant, args.scale, args.device, args.steps, args.chunk_rows,
+                                 args.draft_vocab)))
         return
-    variants = args.variants or ["plain", "chunked"] + (["fused"] if args.device == "cuda" else [])
+    variants = args.variants or ["plain", "chunked"] + (["fused"] if args.device == "cuda" else ["bf16", "bf16-vocab"])
     rows = []
     for variant in variants:
         cmd = [sys.executable, __file__, "--variant", variant, "--device", args.device, "--scale", args.scale,
-               "--steps", str(args.steps), "--chunk-rows", str(args.chunk_rows)]
+               "--steps", str(args.steps), "--chunk-rows", str(args.chunk_rows), "--draft-vocab", str(args.draft_vocab)]
         # A fixed mmap threshold makes glibc hand large freed blocks straight back, so RSS tracks live memory.
         env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"}
         done = subprocess.run(cmd, capture_output=True, text=True, env=env)

@@ -45,7 +45,7 @@ def _train_settings(args) -> dict:
     from dspark.training import train_default_drafter
 
     allowed = set(inspect.signature(train_default_drafter).parameters) - {"output_dir", "work_dir", "progress"}
-    settings = {"objective": "dspark", "steps": 200}
+    settings = {"objective": "dspark"}
     if args.config:
         with open(args.config, encoding="utf-8") as f:
             loaded = json.load(f)
@@ -73,8 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("--objective", choices=["dspark", "dflash", "eagle3"], default=None, help="default dspark")
     train.add_argument("--layers", type=int, default=None, help="draft layers (default 1; eagle3: 1)")
     train.add_argument("--block-size", type=int, default=None, help="γ, the block (or chain) length (default 7)")
-    train.add_argument("--steps", type=int, default=None, help="default 200")
-    train.add_argument("--prompts", type=int, default=None, help="ShareGPT prompts answered by the target (160)")
+    train.add_argument("--steps", type=int, default=None, help="default 1200")
+    train.add_argument("--prompts", type=int, default=None,
+                       help="ShareGPT prompts answered by the target (default: all, about 7,700)")
     train.add_argument("--output", default=None, help="default: the cache the demo reads")
     export = sub.add_parser("export", help="write a trained drafter in the speculators format vLLM serves")
     export.add_argument("--drafter", default=None, help="dspark drafter directory (default: the demo's)")

@@ -16,7 +16,7 @@ def _args(**flags):
 def test_config_file_then_flags(tmp_path):
     config = tmp_path / "run.json"
     config.write_text(json.dumps({"objective": "eagle3", "steps": 50, "markov_rank": 8}), encoding="utf-8")
-    assert _train_settings(_args()) == {"objective": "dspark", "steps": 200}
+    assert _train_settings(_args()) == {"objective": "dspark"}
     assert _train_settings(_args(config=str(config), steps=10, block_size=15)) == {
         "objective": "eagle3", "steps": 10, "markov_rank": 8, "block_size": 15}
 
