@@ -3,7 +3,7 @@
 Each available drafter for the default target (``--drafters name=DIR``; by default the trained DSpark,
 DFlash and EAGLE-3-style drafters in the dspark cache) decodes the same held-out prompts (math: GSM8K, code:
 HumanEval, chat: MT-Bench first turns; never in the training pool) with every drafted slot verified.
-τ counts the bonus token (SPEC §8.1, vLLM's ``1 + accepted / drafts``); acceptance by position is given
+τ counts the bonus token (method.md §9, vLLM's ``1 + accepted / drafts``); acceptance by position is given
 both conditional (the paper's Fig. 2) and unconditional (DeepSpec's ``accept_rate@pos``). Writes
 ``benchmarks/results/acceptance_cpu.json``.
 

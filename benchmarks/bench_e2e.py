@@ -34,7 +34,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     target = load_default_target()
-    drafter, trained = load_demo_drafter(target)
+    drafter, description = load_demo_drafter(target)
     prompts = [target.encode_chat(p.text) for p in load_prompt_mix(args.prompts_per_domain, args.offset)]
     config = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=0.0)
     rows = []
@@ -60,7 +60,7 @@ def main(argv=None) -> int:
               f"{row['speculative_tokens_per_s']:.1f} tok/s, speedup {row['speedup']:.2f}x, tau {stats.tau:.2f}, "
               f"identical {row['identical_outputs']}")
     device = "gpu" if torch.cuda.is_available() else "cpu"
-    path = write_result(f"e2e_{device}", {"drafter_trained": trained, "drafter_config": drafter.config.to_dict(),
+    path = write_result(f"e2e_{device}", {"drafter": description, "drafter_config": drafter.config.to_dict(),
                                           "max_new_tokens": args.max_new_tokens, "rows": rows}, args.out)
     print(f"wrote {path}")
     return 0

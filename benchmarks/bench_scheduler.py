@@ -8,7 +8,7 @@ Two parts, both written to ``benchmarks/results/scheduler.json``:
    1 + Σ_{k≤ℓ} a_k (the confidence head's survival); *realised* tokens count 1 + min(A, ℓ), where A is
    the accepted prefix the round really had with all γ slots verified (verifying fewer slots with the same
    random numbers accepts exactly min(A, ℓ)). Only the target's verify pass is timed, as in the paper's
-   objective (SPEC §5.1); drafting is left out. Pools of rounds:
+   objective (method.md §6.1); drafting is left out. Pools of rounds:
    * ``trained``: the trained DSpark drafter's held-out rounds (T = 1) with its out-of-sample STS
      temperatures, from ``calibration_cpu.json``;
    * ``paper-profile``: synthetic, calibrated rounds whose conditional acceptance follows the paper's

@@ -1,4 +1,4 @@
-"""Target steps per second against verify tokens per step, the SPS table the scheduler plans with (SPEC §5.1).
+"""Target steps per second against verify tokens per step, the SPS table the scheduler plans with (method.md §6.1).
 
 One verify pass with B tokens is ``R`` requests of ``t`` new tokens each (t = γ + 1 = 8 once B ≥ 8, so
 B = 8 … 512 is 1 … 64 requests verifying full blocks; B < 8 is one request), every request over its own

@@ -1,7 +1,7 @@
 """Depth and block-length sweeps (paper Figs. 3 and 4) for DSpark and DFlash drafters of the default target.
 
 Every point trains a drafter on the same cached data (ShareGPT prompts answered by SmolLM2-135M-Instruct)
-for the same number of steps, then reads its held-out τ_prob = 1 + Σ_k Π_{i≤k} c*_k (SPEC §7): the
+for the same number of steps, then reads its held-out τ_prob = 1 + Σ_k Π_{i≤k} c*_k (method.md §8): the
 expected accepted length of T = 1 chain verification with teacher-forced prefixes, on held-out sequences.
 Depth runs at γ = 7 with 1, 2 and 3 layers; block-length runs at 1 layer with γ = 3, 7 and 15 (draft
 length 4, 8, 16). Each run checkpoints and resumes, so an interrupted sweep picks up where it stopped.

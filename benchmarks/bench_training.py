@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.environment import write_result  # noqa: E402
 
 # default: SmolLM2-135M-Instruct's drafter as the shipped recipe trains it; paper: a Qwen3-8B drafter at
-# the DeepSpec recipe's 512 anchors per sequence, the shape of SPEC §7's memory pitfall.
+# the DeepSpec recipe's 512 anchors per sequence, the shape of method.md §8's memory pitfall.
 SCALES = {
     "default": dict(hidden=576, heads=9, kv_heads=3, intermediate=1536, vocab=49152, target_layers=30, rank=32,
                     anchors=32, sequences=2, seq_len=320),

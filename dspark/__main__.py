@@ -65,7 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("example", help="draft one block with a small random drafter")
     demo = sub.add_parser("demo", help="decode real prompts with the default target, alone and with DSpark")
     demo.add_argument("--per-domain", type=int, default=2, help="prompts per domain (math, code, chat)")
-    demo.add_argument("--max-new-tokens", type=int, default=48)
+    demo.add_argument("--max-new-tokens", type=int, default=64)
+    demo.add_argument("--drafter", default=None,
+                      help="a drafter directory (default: the one `train` wrote to the cache, else the shipped one)")
     train = sub.add_parser("train", help="train a drafter for the default target on the CPU (cached data)")
     train.add_argument("--config", default=None,
                        help="a JSON file of train_default_drafter's arguments (objective, steps, num_prompts, "
@@ -111,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from dspark.demo import demo as run_demo
 
-    return run_demo(args.per_domain, args.max_new_tokens)
+    return run_demo(args.per_domain, args.max_new_tokens, args.drafter)
 
 
 if __name__ == "__main__":

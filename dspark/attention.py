@@ -1,4 +1,4 @@
-"""Block attention with KV injection (SPEC §2.3, §2.5): the one attention pattern of the DSpark backbone.
+"""Block attention with KV injection (method.md §2.2, §2.3): the one attention pattern of the DSpark backbone.
 
 Every query block b (γ slots) attends to
 * the context keys j of its own sequence with ``j < ctx_len[b]`` (strictly before the anchor: the anchor's

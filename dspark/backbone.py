@@ -1,4 +1,4 @@
-"""The parallel block backbone (SPEC §2): one non-causal pass drafts γ slots from the target's features.
+"""The parallel block backbone (method.md §2): one non-causal pass drafts γ slots from the target's features.
 
 Input block ``[x_0 (anchor), m, …, m]`` at positions ``pos(x_0) … pos(x_0)+γ−1``. The tapped target
 features of the committed tokens before the anchor are fused once,
@@ -6,7 +6,7 @@ features of the committed tokens before the anchor are fused once,
 its own ``W_k``, ``W_v`` (KV injection). Slot k's final hidden state ``h_k`` gives the base logits
 ``U_k = lm_head(h_k)`` for the token at position ``pos(x_0)+k+1``.
 
-Parameter names follow the speculators checkpoint layout (SPEC §12.1) so export is a rename-free copy.
+Parameter names follow the speculators checkpoint layout (method.md §10) so export is a rename-free copy.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class DraftAttention(nn.Module):
-    """Grouped-query attention whose keys and values are ``[W_k H_ctx ; W_k x_block]`` (SPEC eq. 3)."""
+    """Grouped-query attention whose keys and values are ``[W_k H_ctx ; W_k x_block]`` (method.md §2.2)."""
 
     def __init__(self, config: DSparkConfig):
         super().__init__()
@@ -117,7 +117,7 @@ class DraftLayer(nn.Module):
 
 @dataclass
 class ContextCache:
-    """Per-layer keys and values of the fused context rows of each request (SPEC §2.6).
+    """Per-layer keys and values of the fused context rows of each request (method.md §2.4).
 
     ``keys[l]``, ``values[l]``: ``[B, capacity, Hkv, D]``; ``lengths [B]``: rows filled per request, which is
     also the position of the next anchor. Only context rows are ever stored: block keys and values are
@@ -196,7 +196,7 @@ class BlockBackbone(nn.Module):
         return torch.cat([anchor_ids[..., None], mask], -1)
 
     def fuse_context(self, tap_features: torch.Tensor) -> torch.Tensor:
-        """``H_ctx = RMSNorm(fc(concat(taps)))``: ``[..., taps·H_t] → [..., d]`` (SPEC eq. 2)."""
+        """``H_ctx = RMSNorm(fc(concat(taps)))``: ``[..., taps·H_t] → [..., d]`` (method.md §2.2)."""
         expected = self.config.num_taps * self.config.target_hidden_size
         check_tensor("tap_features", tap_features, floating=True, finite=True)
         if tap_features.shape[-1] != expected:
@@ -215,7 +215,7 @@ class BlockBackbone(nn.Module):
         *,
         backend: str = "auto",
     ) -> torch.Tensor:
-        """Training layout: N blocks per sequence over a shared context (SPEC §2.5).
+        """Training layout: N blocks per sequence over a shared context (method.md §2.3).
 
         Args:
             anchor_ids: ``[B, N]`` anchor tokens.

@@ -1,4 +1,4 @@
-"""Calibration of the confidence head: ECE, AUROC, Brier, and Sequential Temperature Scaling (SPEC §4.3).
+"""Calibration of the confidence head: ECE, AUROC, Brier, and Sequential Temperature Scaling (method.md §5.2).
 
 Data are held-out rounds drafted with no truncation: per round the raw confidence logits ``z [γ]``, how
 many slots were verified, and how many were accepted (A). Position k's label is the realised prefix
@@ -20,7 +20,7 @@ PROB_CLAMP = 1e-8
 
 
 def default_grid() -> torch.Tensor:
-    """61 log-spaced temperatures ``2^(i/10)``, i = −30..30 (contains 1.0) [SPEC §4.3, S21]."""
+    """61 log-spaced temperatures ``2^(i/10)``, i = −30..30 (contains 1.0) [method.md §5.2, S21]."""
     return 2.0 ** (torch.arange(-30, 31, dtype=torch.float64) / 10)
 
 
@@ -106,7 +106,7 @@ class CalibrationReport:
 def calibration_report(
     logits: torch.Tensor, verified: torch.Tensor, accepted: torch.Tensor, temperatures: torch.Tensor | None = None
 ) -> CalibrationReport:
-    """Reliability of the cumulative prediction at every position (DeepSpec's metrics mode, SPEC §4.4).
+    """Reliability of the cumulative prediction at every position (DeepSpec's metrics mode, method.md §5.3).
 
     Args:
         logits: ``[N, γ]`` raw confidence logits of N held-out rounds.
@@ -134,7 +134,7 @@ def fit_sts(
     grid: torch.Tensor | None = None,
     bins: int = ECE_BINS,
 ) -> torch.Tensor:
-    """Sequential Temperature Scaling: ``[γ]`` temperatures fitted left to right (SPEC §4.3).
+    """Sequential Temperature Scaling: ``[γ]`` temperatures fitted left to right (method.md §5.2).
 
     For each position k the grid value minimising the ECE of ``a_k`` over rounds that verified slot k is
     chosen, earlier temperatures fixed. Ties (within 1e-12) go to the temperature closest to 1 in log
@@ -175,7 +175,7 @@ def _check_rounds(logits, verified, accepted) -> None:
 def calibrate_drafter(target, drafter, prompts: list[list[int]], *, max_new_tokens: int = 64,
                       temperature: float = 1.0, batch_size: int = 8, grid: torch.Tensor | None = None,
                       progress: bool = False) -> dict:
-    """Fit and install the drafter's STS temperatures from held-out rollouts (SPEC §4.3).
+    """Fit and install the drafter's STS temperatures from held-out rollouts (method.md §5.2).
 
     The drafter decodes ``prompts`` with every drafted slot verified (no truncation), recording the raw
     confidence logits and the realised accepted prefix of each round; :func:`fit_sts` then sets

@@ -97,6 +97,7 @@ def load_drafter(directory: str | os.PathLike, target=None, *, dtype: torch.dtyp
             raise ValueError("this checkpoint does not store the shared embedding and LM head: pass the target")
         drafter.load_target_embeddings(target.embed_weight(), target.lm_head_weight())
     drafter.metadata = meta.get("metadata", {})
+    drafter.checkpoint_path = Path(directory)
     return drafter.to(dtype).eval()
 
 
@@ -107,9 +108,10 @@ def default_drafter_dir() -> Path:
 
 
 def find_default_drafter(target) -> DSparkDrafter | None:
-    """The trained DSpark drafter for the default target: the one the repository ships, else a cached one."""
+    """The trained DSpark drafter for the default target: one that ``python -m dspark train`` wrote to the
+    cache (:func:`default_drafter_dir`) wins over the one the package ships; ``None`` if neither exists."""
     shipped = Path(__file__).resolve().parent / "assets" / "smollm2-135m-instruct-dspark"
-    for directory in (shipped, default_drafter_dir()):
+    for directory in (default_drafter_dir(), shipped):
         if (directory / "model.safetensors").exists():
             return load_drafter(directory, target)
     return None

@@ -1,4 +1,4 @@
-"""Confidence head (SPEC §4.1–4.2): how likely each drafted token is to be accepted, given its prefix was.
+"""Confidence head (method.md §5.1): how likely each drafted token is to be accepted, given its prefix was.
 
 ``c_k = σ(w·[h_k; W1[x_{k−1}]] + b)`` estimates the *conditional* acceptance of slot k, so the chance that
 the verifier keeps slots 1..k is the survival ``a_k = Π_{i≤k} c_i``. Its training target is the analytic
@@ -56,7 +56,7 @@ def confidence_survival(
         bias: ``[1]`` or ``None`` (DeepSeek-V4 heads have none).
         prev_ids: ``[R, γ]`` previous tokens ``[x_0, …, x_{γ−1}]`` in the target vocabulary.
         markov_w1: ``[V, r]`` the Markov embedding table; needed iff ``weight`` has ``d + r`` columns.
-        temperatures: ``[γ]`` STS temperatures (SPEC §4.3); ``None`` means all 1.
+        temperatures: ``[γ]`` STS temperatures (method.md §5.2); ``None`` means all 1.
 
     Returns:
         ``(logits [R, γ], confidence [R, γ] = σ(logits / T), survival [R, γ] = cumprod(confidence))``.
@@ -100,10 +100,10 @@ def confidence_survival(
 
 
 class ConfidenceHead(nn.Module):
-    """``confidence_head.proj``: Linear(d (+ r) → 1), bias optional (SPEC §12.1 tensor names).
+    """``confidence_head.proj``: Linear(d (+ r) → 1), bias optional (method.md §10 tensor names).
 
     ``forward(hidden [..., d], prev_emb [..., r] | None) → logits [...]``. Features are not detached, as
-    in DeepSpec, so the BCE gradient reaches the backbone and W1 (SPEC §4.1).
+    in DeepSpec, so the BCE gradient reaches the backbone and W1 (method.md §5.1).
     """
 
     def __init__(self, hidden_size: int, markov_rank: int = 0, bias: bool = True):

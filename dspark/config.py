@@ -33,7 +33,7 @@ def uniform_tap_layers(num_target_layers: int, num_taps: int) -> list[int]:
 class DSparkConfig:
     """Configuration of a DSpark drafter.
 
-    Sizes of the draft decoder layers are inherited from the target (SPEC §2.3); use
+    Sizes of the draft decoder layers are inherited from the target (method.md §2.2); use
     :meth:`from_target_config` to copy them from a Hugging Face config.
 
     Attributes:
@@ -48,13 +48,13 @@ class DSparkConfig:
         num_draft_layers: decoder layers in the drafter.
         draft_vocab_size: V_draft of ``lm_head``/``W2``; ``None`` means the full target vocabulary.
         markov_rank: r; 0 disables the sequential head (the DFlash baseline).
-        markov_head_type: ``vanilla`` | ``gated`` | ``rnn`` (SPEC §3.1–3.3).
-        enable_confidence_head: whether the drafter scores its tokens (SPEC §4.1).
+        markov_head_type: ``vanilla`` | ``gated`` | ``rnn`` (method.md §4.1).
+        enable_confidence_head: whether the drafter scores its tokens (method.md §5.1).
         confidence_head_with_markov: concatenate ``W1[x_{k-1}]`` to ``h_k`` in the confidence head.
-        confidence_head_bias: DeepSpec's head has a bias, DeepSeek-V4's has none (SPEC §12.1).
+        confidence_head_bias: DeepSpec's head has a bias, DeepSeek-V4's has none (method.md §10).
         qk_norm: per-head RMSNorm on queries and keys (Qwen3 has it, Llama does not).
         rope_theta, rms_norm_eps, max_position_embeddings: inherited from the target.
-        sample_from_anchor: DSpark's layout, slot k predicts position anchor+k+1 (SPEC §2.1). Only ``True``
+        sample_from_anchor: DSpark's layout, slot k predicts position anchor+k+1 (method.md §2.1). Only ``True``
             is implemented; the field exists so that checkpoints say which layout they use.
         target_hidden_size: width of each tapped feature; ``None`` means ``hidden_size``.
     """
@@ -147,7 +147,7 @@ class DSparkConfig:
         if not self.sample_from_anchor:
             raise ValueError(
                 "sample_from_anchor=False (the z-lab DFlash layout) is not implemented; dspark drafts "
-                "next-token style from the anchor (SPEC §2.1)"
+                "next-token style from the anchor (method.md §2.1)"
             )
         if self.rope_theta <= 0 or self.rms_norm_eps <= 0:
             raise ValueError(

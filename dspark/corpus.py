@@ -118,11 +118,13 @@ def build_corpus(target, prompts: list[str] | list[list[int]], directory: str | 
                  max_new_tokens: int = 192,
                  batch_size: int = 64, round_size: int = 1024, max_bytes: int = 40 << 30,
                  dtype: torch.dtype = torch.bfloat16, min_active_fraction: float = 0.25, seed: int = 0,
-                 progress: bool = True) -> CorpusReport:
+                 max_samples: int | None = None, progress: bool = True) -> CorpusReport:
     """Answer ``prompts`` with ``target`` and store samples with features under ``directory``.
 
     A prompt is chat text (encoded with the target's chat template) or a list of token ids (used as is).
 
+    Prompts are answered in the order :func:`corpus_order` gives; ``max_samples`` stops after the first
+    ``max_samples`` of that order (a budget, so a later call may extend the corpus with the same settings).
     Resumable: samples already written are kept and skipped. Records its settings in ``corpus.json`` and
     refuses to continue a corpus made with other settings or another prompt list.
     """
@@ -142,11 +144,10 @@ def build_corpus(target, prompts: list[str] | list[list[int]], directory: str | 
                              "use another directory")
     else:
         _write_json(manifest, {"settings": settings, "runs": []})
-    order = list(range(len(prompts)))
-    random.Random(seed).shuffle(order)
+    order = corpus_order(len(prompts), seed)[:max_samples]
     todo = [i for i in order if not sample_path(directory, i).exists()]
     used = sum(p.stat().st_size for p in directory.glob("*.safetensors"))
-    report = CorpusReport(0, 0, 0.0, len(prompts) - len(todo), False)
+    report = CorpusReport(0, 0, 0.0, len(order) - len(todo), False)
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -197,17 +198,34 @@ def build_corpus(target, prompts: list[str] | list[list[int]], directory: str | 
     return report
 
 
-def load_corpus(directory: str | os.PathLike) -> list[Sample]:
+def corpus_order(num_prompts: int, seed: int = 0) -> list[int]:
+    """The order in which :func:`build_corpus` answers prompts: a seeded shuffle, so any prefix of it is a fair
+    sample of the prompt list."""
+    order = list(range(num_prompts))
+    random.Random(seed).shuffle(order)
+    return order
+
+
+def load_corpus(directory: str | os.PathLike, keys: list[int] | None = None) -> list[Sample]:
     """The samples stored under ``directory`` (token ids and loss masks only; features stay on disk), by index.
 
-    Each sample's ``key`` is its prompt index, which names its feature file for
+    ``keys`` selects prompt indices (e.g. a prefix of :func:`corpus_order`); a selected sample that is missing
+    is an error. Each sample's ``key`` is its prompt index, which names its feature file for
     :class:`dspark.training.OfflineFeatures`.
     """
     from safetensors import safe_open
 
     directory = Path(directory)
+    if keys is None:
+        paths = sorted(directory.glob("[0-9]*.safetensors"))
+    else:
+        paths = [sample_path(directory, k) for k in sorted(keys)]
+        missing = [p.name for p in paths if not p.exists()]
+        if missing:
+            raise ValueError(f"{directory} lacks {len(missing)} selected samples (first: {missing[0]}): "
+                             "build the corpus first")
     samples = []
-    for path in sorted(directory.glob("[0-9]*.safetensors")):
+    for path in paths:
         with safe_open(path, framework="pt") as f:
             samples.append(Sample(f.get_tensor("token_ids"), f.get_tensor("loss_mask").bool(), key=int(path.stem)))
     return samples

@@ -3,7 +3,7 @@
 Both run the same prefill, the same sampler (:func:`dspark.sampling.warp_logits` then an inverse-CDF draw
 from a seeded generator) and the same cache, so their tokens/s compare on equal footing.
 
-One speculative round for the active requests (SPEC §1):
+One speculative round for the active requests (method.md §1):
 
 1. ``draft``: the drafter proposes γ tokens per request from its context cache, with their draft
    distributions, confidences and survivals;
@@ -126,6 +126,31 @@ def sample(logits: torch.Tensor, config: SamplingConfig, generator: torch.Genera
     return sample_from_probs(probs, uniform_draws((logits.shape[0],), generator, probs.dtype, probs.device))
 
 
+@torch.no_grad()
+def profile_verify_sps(target, max_tokens: int, *, context: int = 64, repeats: int = 3):
+    """The target's SPS table for one request verifying 1 … ``max_tokens`` tokens over ``context`` cached ones.
+
+    What an engine profiles once at start-up for :class:`dspark.scheduler.PrefixScheduler` at batch 1: each
+    pass is fed, timed and rolled back, so every repeat sees the same cache.
+    """
+    from dspark.scheduler import profile_sps
+
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(target.vocab_size, (1, context), generator=gen).tolist()
+    state, *_ = prefill(target, prompt)
+    device = target.device
+
+    def step(count: int) -> None:
+        ids = torch.randint(target.vocab_size, (1, count), generator=gen).to(device)
+        positions = state.next_pos[:, None] + torch.arange(count, device=device)
+        target.forward(state, ids, positions, torch.ones(1, count, dtype=torch.bool, device=device))
+        target.keep(state, count, torch.zeros(1, dtype=torch.long, device=device))
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    return profile_sps(step, list(range(1, max_tokens + 1)), repeats=repeats)
+
+
 class _Outputs:
     """Generated tokens of every request in one buffer ``[B, max_new_tokens]``: appended to and tested for
     completion with tensor ops, so a decoding step does no Python work per request."""
@@ -211,7 +236,7 @@ class SpeculativeDecoder:
         scheduler: verify-length policy; default sends all γ drafts (``FixedLength(γ)``).
         backend: backend of the drafter's ops and of verification.
         record_rounds: keep every round's raw confidence logits, verified and accepted counts in
-            ``self.rounds`` (the data STS calibration fits, SPEC §4.3).
+            ``self.rounds`` (the data STS calibration fits, method.md §5.2).
     """
 
     def __init__(self, target, drafter, config: SamplingConfig | None = None, *, scheduler: Scheduler | None = None,

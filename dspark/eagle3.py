@@ -1,4 +1,4 @@
-"""EAGLE-3-style baseline: a one-layer autoregressive drafter trained with unrolled steps (SPEC §7.1).
+"""EAGLE-3-style baseline: a one-layer autoregressive drafter trained with unrolled steps (method.md §8.1).
 
 Position t of the draft layer reads ``concat(RMSNorm(embed(x_t)), RMSNorm(h_{t−1}))`` (2d wide) where
 ``h_{t−1}`` is ``fc(concat(taps))`` of the target at t − 1 for committed positions, or the draft's own
@@ -45,7 +45,7 @@ class TTTOutput:
     hits: torch.Tensor
 
     def tau_prob(self) -> torch.Tensor:
-        """``[N]``: 1 + Σ_k Π_{i≤k} c*_i per chain (SPEC §7), steps past the supervised prefix counting 0."""
+        """``[N]``: 1 + Σ_k Π_{i≤k} c*_i per chain (method.md §8), steps past the supervised prefix counting 0."""
         return 1 + (self.acceptance * self.mask).cumprod(-1).sum(-1)
 
 
@@ -98,7 +98,7 @@ class Eagle3Drafter(nn.Module):
     """The EAGLE-3-style chain drafter. ``config.block_size`` is the chain length γ; one layer, no heads."""
 
     architecture = "eagle3"
-    reduced_vocab = False  # drafts the full vocabulary (SPEC §7.1 aligns it with DSpark's)
+    reduced_vocab = False  # drafts the full vocabulary (method.md §8.1 aligns it with DSpark's)
 
     def __init__(self, config: DSparkConfig):
         super().__init__()
@@ -169,7 +169,7 @@ class Eagle3Drafter(nn.Module):
 
         The chain anchored at position a drafts ``x_{a+1} … x_{a+γ}``: step i is read at row a + i. A step
         is supervised while every token it and the earlier steps predict is an assistant token (the
-        contiguous prefix of SPEC §2.7), so the supervised rows are exactly a DSpark block's at the same
+        contiguous prefix of method.md §3), so the supervised rows are exactly a DSpark block's at the same
         anchor. The LM head runs on those rows only.
 
         Args:

@@ -1,11 +1,11 @@
-"""Interoperability with the speculators checkpoint format that vLLM serves (SPEC §12.1).
+"""Interoperability with the speculators checkpoint format that vLLM serves (method.md §10).
 
 :func:`export` writes ``config.json`` (the speculators keys, with ``transformer_layer_config`` describing the
 draft layers) and ``model.safetensors`` (speculators tensor names, which are dspark's own, plus ``d2t``
 offsets and the ``t2d`` mask for a reduced vocabulary). :func:`load` reads that format back, DSpark or
 DFlash, and refuses with a clear error what a dspark drafter cannot represent.
 
-Traps the format has (SPEC §9): ``aux_hidden_state_layer_ids`` counts layer *boundaries* from 1 (HF's
+Traps the format has: ``aux_hidden_state_layer_ids`` counts layer *boundaries* from 1 (HF's
 ``hidden_states`` index: 0 is the embedding output, i + 1 the output of layer i), so dspark's tap i is
 written as i + 1; ``sample_from_anchor`` is always written out, since its default differs between DFlash
 and DSpark; the proposal's ``speculative_tokens`` equals the block size when sampling from the anchor.

@@ -1,4 +1,4 @@
-"""The DSpark training objective (SPEC §7): ``0.1·CE + 0.9·L1 + 1.0·BCE(confidence)``, decayed by position.
+"""The DSpark training objective (method.md §8): ``0.1·CE + 0.9·L1 + 1.0·BCE(confidence)``, decayed by position.
 
 Per supervised slot (row) with draft logits ``ℓ_d = lm_head(h) + W2·e`` (e the Markov feature of the
 previous token) and target logits ``ℓ_t = target_lm_head(h_t)``:

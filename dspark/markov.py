@@ -1,12 +1,12 @@
-"""Sequential logit-bias heads (SPEC §3): vanilla Markov, gated Markov and RNN.
+"""Sequential logit-bias heads (method.md §4): vanilla Markov, gated Markov and RNN.
 
 The backbone drafts every slot in parallel; these heads restore the dependence of slot k on the token
 drafted at slot k−1 with a bias added to the base logits, ``p_k = softmax(U_k + B_k)``. Each ``p_k`` is an
 exact local softmax, which is what keeps rejection sampling lossless.
 
 Two uses:
-* training, teacher-forced: ``prev_ids = [anchor, x_1, …, x_{γ−1}]`` from the ground truth (SPEC §3.5);
-* inference, left to right: slot k's bias reads the token just sampled at slot k−1 (SPEC §3.4).
+* training, teacher-forced: ``prev_ids = [anchor, x_1, …, x_{γ−1}]`` from the ground truth (method.md §4.3);
+* inference, left to right: slot k's bias reads the token just sampled at slot k−1 (method.md §4.2).
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def teacher_forced_features(weights: MarkovWeights, prev_ids: torch.Tensor, hidd
 
 
 def teacher_forced_bias(weights: MarkovWeights, prev_ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-    """Markov bias ``[..., γ, V_draft]`` for whole blocks at once (SPEC §3.5 teacher forcing).
+    """Markov bias ``[..., γ, V_draft]`` for whole blocks at once (method.md §4.3 teacher forcing).
 
     Args:
         prev_ids: ``[..., γ]`` target-vocabulary ids ``[x_0 (anchor), x_1, …, x_{γ−1}]``.
@@ -133,7 +133,7 @@ def sample_block(
     draft_to_target: torch.Tensor | None = None,
     backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draft a block left to right: slot k samples from ``warp(U_k + B_k(x_{k−1}))`` (SPEC §3.4).
+    """Draft a block left to right: slot k samples from ``warp(U_k + B_k(x_{k−1}))`` (method.md §4.2).
 
     Args:
         base_logits: ``[R, γ, V_draft]`` backbone logits ``U``.

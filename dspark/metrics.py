@@ -1,4 +1,4 @@
-"""Acceptance metrics, with every stack's definition named (SPEC §6, §12.2).
+"""Acceptance metrics, with every stack's definition named (method.md §7, §9).
 
 * ``tau``: mean tokens committed per round, the bonus/correction token included (the paper's τ; a round
   that ends on an accepted EOS commits n, not n + 1, as DeepSpec counts it).

@@ -2,7 +2,7 @@
 
 Every sampler in dspark takes its uniforms as a tensor, so the reference, the PyTorch module and the
 Triton kernel return the same tokens for the same draws. The warped distribution is what the verifier
-needs as ``draft_probs`` (SPEC §3.4, §6: rejection sampling is exact only against the distribution the
+needs as ``draft_probs`` (method.md §4.2, §7: rejection sampling is exact only against the distribution the
 token really came from).
 """
 

@@ -1,4 +1,4 @@
-"""Hardware-aware prefix scheduling (SPEC §5): how many drafted tokens each request sends to the target.
+"""Hardware-aware prefix scheduling (method.md §6): how many drafted tokens each request sends to the target.
 
 Request r with survivals ``a_{r,1} ≥ … ≥ a_{r,γ}`` (``a_{r,j} = Π_{i≤j} c_{r,i}``) and verify length ℓ_r
 costs ``1 + ℓ_r`` tokens in the verify pass and yields ``1 + Σ_{j≤ℓ_r} a_{r,j}`` tokens in expectation. With
@@ -10,7 +10,7 @@ every admitted set a prefix of each request. Entries with equal survival *at the
 group that is admitted whole or not at all, so the result never depends on the order of requests.
 
 * :func:`schedule_greedy` with ``early_stop=True`` is Algorithm 1: admit groups while Θ strictly rises,
-  stop at the first that does not. The stop is what keeps verification lossless (SPEC §5.2, App. A):
+  stop at the first that does not. The stop is what keeps verification lossless (method.md §6.2, App. A):
   admission of slot j never looks at the survival of slot j+1, which depends on the sampled x_j.
 * ``early_stop=False`` is the unconstrained global argmax; it is lossless only on confidences that do
   not depend on the current step's samples, which is how the production variant sizes its budget.
@@ -117,7 +117,7 @@ def profile_sps(
     """Measure ``step(B)`` (one verify pass of B tokens) at each count; median of ``repeats``; monotone table.
 
     On a GPU ``step`` must synchronise before returning. This is how the engine's table is profiled once
-    at start-up (SPEC §5.1, §5.4).
+    at start-up (method.md §6.1).
     """
     seconds = []
     for count in token_counts:
@@ -183,7 +183,7 @@ def schedule_greedy(
     base_tokens: int = 0,
     backend: str = "auto",
 ) -> torch.Tensor:
-    """Algorithm 1 (SPEC §5.2): verify lengths maximising ``Θ = τ · SPS(B)``.
+    """Algorithm 1 (method.md §6.2): verify lengths maximising ``Θ = τ · SPS(B)``.
 
     Args:
         confidence: ``[R, γ]`` calibrated conditional confidences ``c_{r,j}`` in ``[0, 1]``.
@@ -244,7 +244,7 @@ def allocate_top_k(
     max_len: int | None = None,
     backend: str = "auto",
 ) -> torch.Tensor:
-    """Production allocation (SPEC §5.3): the ``budget`` best-ranked draft slots, whole tie groups only.
+    """Production allocation (method.md §6.3): the ``budget`` best-ranked draft slots, whole tie groups only.
 
     ``min_len`` slots per request are sent regardless and count against the budget. A tie group that
     would overflow the budget is not admitted (the budget is never exceeded).
@@ -284,7 +284,7 @@ def fixed_length(confidence: torch.Tensor, length: int, valid_len: torch.Tensor 
 
 
 def threshold_length(confidence: torch.Tensor, threshold: float, valid_len: torch.Tensor | None = None) -> torch.Tensor:
-    """Baseline (DeepSpec's threshold mode, SPEC §4.4): truncate at the first slot whose conditional c_k < threshold."""
+    """Baseline (DeepSpec's threshold mode): truncate at the first slot whose conditional c_k < threshold."""
     _check_schedule_inputs(confidence, valid_len, 0, None, 0)
     passing = (confidence >= threshold).long().cumprod(-1).sum(-1)
     _, hi = _bounds(confidence, valid_len, 0, None)
@@ -336,7 +336,7 @@ class PrefixScheduler(Scheduler):
 
 
 class ProductionScheduler(Scheduler):
-    """DeepSeek-V4's variant (SPEC §5.3): the budget K comes from the confidences of ``lag`` steps earlier by
+    """DeepSeek-V4's variant (method.md §6.3): the budget K comes from the confidences of ``lag`` steps earlier by
     global argmax (no early stop: it cannot depend on this step's samples), then top-K over current survivals.
 
     Until ``lag`` steps have been seen, the budget is that of Algorithm 1 with the early stop on the

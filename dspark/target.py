@@ -3,7 +3,7 @@
 ``TargetModel`` wraps a ``transformers`` causal LM:
 
 * taps are the raw outputs of chosen decoder layers, read with forward hooks (never the post-norm last
-  hidden state, SPEC §2.2 pitfall 4; tap −1 is the embedding output);
+  hidden state, method.md §2.2 pitfall 4; tap −1 is the embedding output);
 * the final-normed hidden state (what the LM head reads) is captured the same way, for training;
 * the KV cache is shared by a batch of requests that advance at different speeds. Every fed token gets a
   cache slot and a validity bit; the attention mask is that validity, and positions are passed
@@ -67,7 +67,7 @@ class TargetModel:
         model: a ``transformers`` causal LM whose decoder layers live at ``model.model.layers`` and whose
             final norm is ``model.model.norm`` (Llama, Qwen2/3, Mistral, Gemma, …).
         tokenizer: its tokenizer (optional; needed for chat prompts and the EOS id).
-        tap_layers: decoder layers to tap; default five spread over ``[1, L−3]`` (SPEC §2.2).
+        tap_layers: decoder layers to tap; default five spread over ``[1, L−3]`` (method.md §2.2).
     """
 
     def __init__(self, model, tokenizer=None, tap_layers: list[int] | None = None, num_taps: int = 5):
@@ -130,7 +130,7 @@ class TargetModel:
 
     def mask_token_id(self) -> int:
         """A reserved special token for the drafter's mask slots: the highest added token that is not BOS,
-        EOS, PAD or UNK (SPEC pitfall 5), else the last vocabulary row."""
+        EOS, PAD or UNK (a token the target emits would blur mask slots with text), else the last vocabulary row."""
         tok = self.tokenizer
         if tok is not None and getattr(tok, "added_tokens_decoder", None):
             taken = {getattr(tok, f"{n}_token_id", None) for n in ("bos", "eos", "pad", "unk")}

@@ -1,4 +1,4 @@
-"""Training DSpark (and DFlash-baseline) drafters from a target's hidden states (SPEC §2.7, §7).
+"""Training DSpark (and DFlash-baseline) drafters from a target's hidden states (method.md §3, §8).
 
 * Samples are token sequences with a loss mask over the assistant's tokens, answered by the target
   itself (on-policy; :mod:`dspark.corpus` answers prompts and captures the features in one pass).
@@ -6,7 +6,7 @@
   training process; :class:`OfflineFeatures` reads one safetensors file per sample, written by
   :func:`write_offline_features` (``hidden_states [seq, taps + 1, H]`` and ``token_ids``, the layout of the
   speculators tool; the last slice is the target's final-normed hidden state).
-* Anchors, labels, contiguous-prefix masks and position weights follow SPEC §2.7 and §7:
+* Anchors, labels, contiguous-prefix masks and position weights follow method.md §3, §8:
   :func:`sample_anchors`, :func:`block_targets`.
 * :class:`Trainer`: AdamW, linear warm-up then cosine to 0, gradient clipping, a progress bar, held-out
   evaluation, atomic safetensors checkpoints and a bit-for-bit resume. Under ``torch.distributed`` every
@@ -54,7 +54,7 @@ class Sample:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Anchors and block targets (SPEC §2.7)
+# Anchors and block targets (method.md §3)
 
 
 def sample_anchors(loss_mask: torch.Tensor, num_anchors: int, generator: torch.Generator):
@@ -74,7 +74,7 @@ def sample_anchors(loss_mask: torch.Tensor, num_anchors: int, generator: torch.G
 
 def block_targets(token_ids: torch.Tensor, loss_mask: torch.Tensor, anchor_pos: torch.Tensor,
                   block_valid: torch.Tensor, block_size: int):
-    """Labels and masks of every block (sample-from-anchor layout, SPEC §2.1, §2.7).
+    """Labels and masks of every block (sample-from-anchor layout, method.md §2.1, §3).
 
     Slot k (0-based) of the block anchored at a predicts ``x[a + k + 1]`` and is supervised while
     ``a + k + 1 < S`` and ``loss_mask[a + k + 1]`` hold for it and every earlier slot (a contiguous prefix).
@@ -194,8 +194,10 @@ class OfflineFeatures(FeatureSource):
 
 @dataclass
 class TrainConfig:
-    """Recipe (SPEC §2.8, scaled down). ``objective``: ``dspark`` (0.1·CE + 0.9·L1 + BCE), ``dflash`` (CE), or
-    ``eagle3`` (the unrolled soft-CE of :class:`dspark.eagle3.Eagle3Drafter`, SPEC §7.1; anchors unused).
+    """The training recipe (the paper's, scaled down).
+
+    ``objective``: ``dspark`` (0.1·CE + 0.9·L1 + BCE, method.md §8), ``dflash`` (CE), or ``eagle3`` (the
+    unrolled soft-CE of :class:`dspark.eagle3.Eagle3Drafter`, method.md §8.1; anchors unused).
 
     ``precision``: ``bf16`` runs the drafter under bf16 autocast and the loss's vocabulary products on bf16
     operands (softmax, CE, L1 and the weights' updates stay fp32); ``fp32`` runs everything in fp32;
@@ -422,7 +424,7 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self, samples: list[Sample] | None = None) -> dict:
-        """Held-out loss parts, τ_prob = 1 + Σ_k Π_{i≤k} c*_i (SPEC §7) and per-position greedy accuracy.
+        """Held-out loss parts, τ_prob = 1 + Σ_k Π_{i≤k} c*_i (method.md §8) and per-position greedy accuracy.
 
         For eagle3 the chains are anchored at every supervised position and c*_i is the unrolled step i's.
         """
@@ -548,8 +550,8 @@ class Trainer:
 
 
 def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "dspark", num_prompts: int | None = None,
-                          max_new_tokens: int = 192, steps: int = 1200, num_draft_layers: int = 1,
-                          markov_rank: int = 32, block_size: int = 7, num_anchors: int = 48,
+                          corpus_samples: int | None = None, max_new_tokens: int = 192, steps: int = 1200,
+                          num_draft_layers: int = 1, markov_rank: int = 32, block_size: int = 7, num_anchors: int = 48,
                           sequences_per_step: int = 4, draft_vocab_size: int | None = 16384, lr: float = 6e-4,
                           precision: str = "bf16", held_out: int = 64, eval_every: int = 100,
                           work_dir: str | os.PathLike | None = None, calibrate: bool = True,
@@ -561,8 +563,9 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     1. ``corpus``: the target (bf16, about 2.3× faster than fp32 on CPUs with bf16 units; its answers and
        features differ from the fp32 target's only by rounding) answers ``num_prompts`` prompts (all ShareGPT
        first turns of up to 600 characters by default) greedily, with ``max_new_tokens`` at most, and its
-       features are captured while it answers (:func:`dspark.corpus.build_corpus`). Cached under
-       ``work_dir`` (default ``$DSPARK_CACHE/training``), shared by every objective.
+       features are captured while it answers (:func:`dspark.corpus.build_corpus`). ``corpus_samples``
+       keeps the first that many prompts of the corpus's shuffled order (a time budget that any later run
+       can extend). Cached under ``work_dir`` (default ``$DSPARK_CACHE/training``), shared by every objective.
     2. ``vocab``: with ``draft_vocab_size``, the draft vocabulary is the most frequent answer tokens of the
        training split (plus EOS); its coverage of the training and held-out answers is recorded.
     3. ``train``: :class:`Trainer` for ``steps`` steps of ``sequences_per_step`` sequences, checkpointing every
@@ -575,7 +578,7 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     shared weights.
     """
     from dspark.checkpoint import save_drafter
-    from dspark.corpus import build_corpus, load_corpus
+    from dspark.corpus import build_corpus, corpus_order, load_corpus
     from dspark.data import load_training_prompts
     from dspark.target import cache_root, load_default_target
 
@@ -584,11 +587,12 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     t0 = time.perf_counter()
     corpus_dir = work / f"corpus-bf16-{max_new_tokens}" if num_prompts is None else \
         work / f"corpus-bf16-{max_new_tokens}-{num_prompts}"
+    prompts = load_training_prompts(num_prompts)
     answering = load_default_target(dtype=torch.bfloat16)
-    build_corpus(answering, load_training_prompts(num_prompts), corpus_dir, max_new_tokens=max_new_tokens,
+    build_corpus(answering, prompts, corpus_dir, max_new_tokens=max_new_tokens, max_samples=corpus_samples,
                  progress=progress)
     del answering
-    samples = load_corpus(corpus_dir)
+    samples = load_corpus(corpus_dir, corpus_order(len(prompts))[:corpus_samples])
     if len(samples) <= held_out:
         raise ValueError(f"the corpus holds {len(samples)} samples, not more than the {held_out} held out")
     train, evaluation = samples[:-held_out], samples[-held_out:]
@@ -638,7 +642,8 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     trainer.fit(output_dir=checkpoint, progress=progress)
     clock["train"] = trainer.elapsed  # over every session of a resumed run
 
-    arguments = {"objective": objective, "num_prompts": num_prompts, "max_new_tokens": max_new_tokens,
+    arguments = {"objective": objective, "num_prompts": num_prompts, "corpus_samples": corpus_samples,
+                 "max_new_tokens": max_new_tokens,
                  "steps": steps, "num_draft_layers": num_draft_layers, "markov_rank": markov_rank,
                  "block_size": block_size, "num_anchors": num_anchors, "sequences_per_step": sequences_per_step,
                  "draft_vocab_size": draft_vocab_size, "lr": lr, "precision": precision, "held_out": held_out,
@@ -682,7 +687,7 @@ def source_commit() -> str:
 
 def calibrate_on_samples(target, drafter: DSparkDrafter, samples: list[Sample], max_new_tokens: int = 48,
                          progress: bool = False) -> dict:
-    """STS after training (SPEC §4.3): held-out prompts (the unmasked prefix of each sample), T = 1."""
+    """STS after training (method.md §5.2): held-out prompts (the unmasked prefix of each sample), T = 1."""
     from dspark.calibration import calibrate_drafter
 
     prompts = [s.token_ids[: int(s.loss_mask.nonzero()[0])].tolist() for s in samples if bool(s.loss_mask.any())]

@@ -1,4 +1,4 @@
-"""Lossless verification (SPEC §6): batched rejection sampling with a ragged verify length per request.
+"""Lossless verification (method.md §7): batched rejection sampling with a ragged verify length per request.
 
 Request r proposed ``verify_len[r] = ℓ`` drafted tokens ``x_1..x_ℓ`` drawn from ``draft_probs``; the target
 ran on ``[x_0, x_1..x_ℓ]`` and returned ``target_probs[r, 0..ℓ]`` (position k predicts the token after
@@ -8,7 +8,7 @@ ran on ``[x_0, x_1..x_ℓ]`` and returned ``target_probs[r, 0..ℓ]`` (position 
 distributed exactly as the target's own samples. Greedy decoding is the same code with one-hot
 distributions (``warp_logits(…, temperature=0)``): accept iff ``x_k`` is the target's argmax.
 
-An accepted EOS ends the request there: no correction and no bonus (SPEC §6 step 6).
+An accepted EOS ends the request there: no correction and no bonus (method.md §7 step 6).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def verify(
     eos_token_id: int | None = None,
     backend: str = "auto",
 ) -> VerifyOutput:
-    """Rejection-sample a batch of drafted blocks against the target (SPEC §6).
+    """Rejection-sample a batch of drafted blocks against the target (method.md §7).
 
     Args:
         draft_tokens: ``[R, γ]`` int64 drafted tokens.

@@ -1,4 +1,4 @@
-"""Reduced draft vocabularies (SPEC §3.1, §12.1): the drafter's LM head and W2 cover only frequent tokens.
+"""Reduced draft vocabularies (method.md §4.1, §10): the drafter's LM head and W2 cover only frequent tokens.
 
 ``draft_to_target [V_draft]`` lists, in increasing order, the target ids the drafter can propose. W1 still
 indexes the whole target vocabulary (the previous token may be anything the target emitted). The

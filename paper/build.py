@@ -3,7 +3,7 @@
     python -m paper.build            # or: python paper/build.py
 
 Every number in the text goes through :func:`num` (a value read from a results file) or :func:`quote`
-(the DSpark paper's own number, from SPEC §8); both record what they print. tests/test_paper.py rebuilds
+(the DSpark paper's own number); both record what they print. tests/test_paper.py rebuilds
 the text, compares it with the committed one, and checks that every standalone number in it was printed
 by one of the two (small structural integers such as section and slot numbers aside). A section whose
 results file is missing says so instead of inventing a value.
@@ -23,13 +23,13 @@ DOMAINS = ("math", "code", "chat")
 LABELS = {"dspark": "DSpark", "dflash": "DFlash", "eagle3": "EAGLE-3-style"}
 COLORS = {"dspark": "tab:red", "dflash": "tab:blue", "eagle3": "tab:green"}
 
-# The DSpark paper, Table 1, Qwen3-4B, T = 1 (SPEC §8.1): τ including the bonus token.
+# The DSpark paper, Table 1, Qwen3-4B, T = 1: τ including the bonus token.
 PAPER_TAU = {"eagle3": {"math": 5.14, "code": 4.16, "chat": 2.39},
              "dflash": {"math": 5.40, "code": 4.74, "chat": 3.07},
              "dspark": {"math": 6.11, "code": 5.38, "chat": 3.64}}
-# Fig. 4 (SPEC §8.2): DSpark's gain over DFlash in τ, math / code / chat, by block length.
+# Fig. 4: DSpark's gain over DFlash in τ, math / code / chat, by block length.
 PAPER_BLOCK_GAIN = {7: (16, 15, 18), 15: (30, 26, 22)}
-# Fig. 6 (SPEC §4.3), Alpaca, Qwen3-4B: ECE (%) before → after STS at positions 1, 3, 5, 7.
+# Fig. 6, Alpaca, Qwen3-4B: ECE (%) before → after STS at positions 1, 3, 5, 7.
 PAPER_ECE = {1: (5.7, 2.0), 3: (8.2, 1.7), 5: (5.8, 0.8), 7: (3.3, 0.4)}
 
 printed: set[str] = set()  # every number the text shows, as shown
@@ -44,7 +44,7 @@ def num(value: float, spec: str = ".3f") -> str:
 
 
 def quote(value: float, spec: str = "g") -> str:
-    """Format one of the DSpark paper's numbers (SPEC §8), and record it as quoted."""
+    """Format one of the DSpark paper's numbers, and record it as quoted."""
     text = format(value, spec)
     printed.add(text.lstrip("+-"))
     quoted.add(text.lstrip("+-"))
@@ -554,7 +554,7 @@ def section_limits(out: list[str]) -> None:
                "DFlash does not grow with block length as the paper's does.")
     out.append("- STS (§3), fitted on other prompts than it is judged on, helps at position 1 and not after it; "
                "later positions are almost never accepted here, so their ECE is near zero before and after. Other "
-               "implementers report the same mixed out-of-sample effect (SPEC §4.3).")
+               "implementers report the same mixed out-of-sample effect (method.md §5.2 describes the fit).")
     out.append("- With τ this close to 1, a round commits little more than one token while paying for a draft pass "
                "and a multi-token verify pass: hence the CPU slowdown in §5 and the small scheduler gains on the "
                "trained pool in §4. The synthetic paper-profile pool shows what the same policies do when drafts "

@@ -1,7 +1,7 @@
 """Oracle for dspark.backbone: the whole draft forward pass, one block at a time, from a state dict.
 
 Each block is recomputed from scratch over exactly the context rows it may see (``< anchor``), so the
-mask of SPEC §2.5 holds by construction here rather than by masking.
+mask of method.md §2.3 holds by construction here rather than by masking.
 """
 
 from __future__ import annotations

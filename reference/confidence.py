@@ -1,4 +1,4 @@
-"""Oracle for dspark.confidence: per request, per position (SPEC §4)."""
+"""Oracle for dspark.confidence: per request, per position (method.md §5)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Oracle for dspark.loss: the DSpark objective row by row, full softmax in float64 (SPEC §7)."""
+"""Oracle for dspark.loss: the DSpark objective row by row, full softmax in float64 (method.md §8)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Oracle for dspark.markov: one request, one slot, one vector at a time (SPEC §3)."""
+"""Oracle for dspark.markov: one request, one slot, one vector at a time (method.md §4)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ def _sigmoid(x: torch.Tensor) -> torch.Tensor:
 
 
 def bias_one(weights, prev_id: int, hidden: torch.Tensor, state: torch.Tensor | None):
-    """Bias ``[V_draft]`` of one slot of one request, and the RNN state ``s_k`` (SPEC eqs. 5–6)."""
+    """Bias ``[V_draft]`` of one slot of one request, and the RNN state ``s_k`` (method.md §4.1)."""
     emb = weights.w1[prev_id]
     if weights.head_type == "vanilla":
         return weights.w2 @ emb, None
@@ -42,7 +42,7 @@ def teacher_forced_bias(weights, prev_ids: torch.Tensor, hidden: torch.Tensor) -
 def sample_block(
     base_logits, hidden, anchor_ids, uniforms, weights, *, temperature, top_k, top_p, draft_to_target=None
 ):
-    """Left-to-right block sampling, request by request, slot by slot (SPEC §3.4)."""
+    """Left-to-right block sampling, request by request, slot by slot (method.md §4.2)."""
     num_requests, gamma, vocab = base_logits.shape
     tokens = torch.empty(num_requests, gamma, dtype=torch.long)
     probs = torch.empty(num_requests, gamma, vocab, dtype=base_logits.dtype)

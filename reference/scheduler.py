@@ -1,4 +1,4 @@
-"""Oracle for dspark.scheduler: Algorithm 1 (SPEC §5.2) and the top-K allocation, as written, in Python."""
+"""Oracle for dspark.scheduler: Algorithm 1 (method.md §6.2) and the top-K allocation, as written, in Python."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Oracle for dspark.verify: SPEC §6 written out for one request at a time."""
+"""Oracle for dspark.verify: method.md §7 written out for one request at a time."""
 
 from __future__ import annotations
 

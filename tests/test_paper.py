@@ -22,7 +22,7 @@ def test_every_number_in_the_paper_comes_from_a_results_file_or_the_paper(tmp_pa
     monkeypatch.setattr(builder, "PAPER", tmp_path)
     text = builder.build()
     stray = sorted({n for n in NUMBER.findall(text) if n not in builder.printed and n not in STRUCTURAL})
-    assert not stray, f"numbers in paper/dspark.md that neither a results file nor SPEC §8 gave: {stray}"
+    assert not stray, f"numbers in paper/dspark.md from neither a results file nor the DSpark paper: {stray}"
     assert builder.quoted, "the paper's own numbers must be quoted beside ours"
 
 

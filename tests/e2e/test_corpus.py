@@ -63,3 +63,17 @@ def test_answers_cut_when_the_batch_empties_are_prefixes_of_the_full_answers():
         assert 1 <= len(b) <= len(a) and a[: len(b)] == b
         assert taps_b.shape[0] == len(prompt) + len(b)  # every token read, the last one included
         torch.testing.assert_close(taps_a[: taps_b.shape[0]], taps_b, rtol=1e-4, atol=1e-4)
+
+
+def test_a_sample_budget_keeps_a_prefix_of_the_shuffled_order(tmp_path):
+    from dspark.corpus import corpus_order
+
+    target = tiny_target(vocab=48)
+    prompts = _prompts(target, count=6)
+    report = build_corpus(target, prompts, tmp_path, max_new_tokens=4, batch_size=2, max_samples=4, progress=False)
+    chosen = corpus_order(len(prompts))[:4]
+    assert report.samples_total == 4 and sorted(s.key for s in load_corpus(tmp_path)) == sorted(chosen)
+    assert [s.key for s in load_corpus(tmp_path, chosen[:2])] == sorted(chosen[:2])
+    with pytest.raises(ValueError, match="lacks"):
+        load_corpus(tmp_path, corpus_order(len(prompts)))
+    assert build_corpus(target, prompts, tmp_path, max_new_tokens=4, max_samples=6, progress=False).samples_written == 2

@@ -1,4 +1,4 @@
-"""Training: anchors and labels as SPEC §2.7, bit-exact resume, 2 ranks == 1 rank, offline == online."""
+"""Training: anchors and labels as method.md §3, bit-exact resume, 2 ranks == 1 rank, offline == online."""
 
 import pytest
 import torch
