@@ -28,12 +28,13 @@ def resolve_backend(backend: str, *tensors: torch.Tensor | None) -> str:
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if backend != "auto":
-        return backend
-    forced = os.environ.get("DSPARK_BACKEND", "").strip()
-    if forced:
-        if forced not in BACKENDS[1:]:
-            raise ValueError(f"DSPARK_BACKEND must be one of {BACKENDS[1:]}, got {forced!r}")
-        return forced
     on_cuda = any(t is not None and t.is_cuda for t in tensors)
-    return "triton" if on_cuda and triton_available() else "torch"
+    if backend == "auto":
+        forced = os.environ.get("DSPARK_BACKEND", "").strip()
+        if forced and forced not in BACKENDS[1:]:
+            raise ValueError(f"DSPARK_BACKEND must be one of {BACKENDS[1:]}, got {forced!r}")
+        backend = forced or ("triton" if on_cuda and triton_available() else "torch")
+    if backend == "triton" and not on_cuda and os.environ.get("TRITON_INTERPRET", "0") != "1":
+        raise ValueError("backend='triton' needs CUDA tensors (Triton kernels run on a GPU), or TRITON_INTERPRET=1 "
+                         "set before Triton is imported to run them slowly on the CPU; use backend='torch' here")
+    return backend

@@ -118,7 +118,7 @@ def dspark_loss(
             parts.append(torch.utils.checkpoint.checkpoint(_rows_loss, *args, **coef, use_reentrant=False))
     total, ce, l1, bce, acceptance = (torch.cat([p[i][None] if p[i].ndim == 0 else p[i] for p in parts])
                                       for i in range(5))
-    norm = normalizer.to(total.device, torch.float32)
+    norm = normalizer.to(total.device, total.dtype)
     return LossOutput(total.sum() / norm, ce.sum() / norm, l1.sum() / norm, bce.sum() / norm, acceptance)
 
 

@@ -197,6 +197,11 @@ def schedule_greedy(
         ``[R]`` int64 verify lengths, each in ``[min(min_len, valid_len), min(valid_len, max_len)]``.
     """
     _check_schedule_inputs(confidence, valid_len, min_len, max_len, base_tokens)
+    if not isinstance(sps, SPSTable):
+        raise ValueError(f"sps must be an SPSTable (SPSTable.from_latencies, .linear, .roofline or profile_sps), "
+                         f"got {type(sps).__name__}")
+    lo, _ = _bounds(confidence, valid_len, min_len, max_len)
+    _check_capacity(base_tokens + confidence.shape[0] + int(lo.sum()), sps)  # every tier refuses alike
     backend = resolve_backend(backend, confidence)
     if backend == "reference":
         from dspark.reference.scheduler import schedule_greedy as reference_schedule_greedy
@@ -214,7 +219,6 @@ def schedule_greedy(
     lo, hi = _bounds(survival, valid_len, min_len, max_len)
     slots = torch.arange(1, survival.shape[1] + 1)
     tokens0 = base_tokens + num_requests + int(lo.sum())
-    _check_capacity(tokens0, sps)
     tau0 = num_requests + float((survival * (slots <= lo[:, None])).sum())
     requests, values, group, new_group = _ranked_groups(survival, lo, hi)
     # Θ after admitting each whole group (evaluated at group ends).

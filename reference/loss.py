@@ -27,8 +27,9 @@ def dspark_loss(hidden, lm_head, target_hidden, target_lm_head, labels, weights,
         bce = torch.zeros((), dtype=torch.float64)
         if confidence_logits is not None:
             z = confidence_logits[i].double()
-            softplus = torch.log1p(torch.exp(-z.abs())) + torch.clamp(z, min=0)
-            bce = softplus - accept * z
+            # log(1 + e^z) as logaddexp: exact, and its derivative is σ(z) everywhere (at z = 0 too, where
+            # the usual max(z, 0) + log1p(e^{−|z|}) form has a one-sided gradient of 1).
+            bce = torch.logaddexp(z, torch.zeros_like(z)) - accept * z
         w = float(weights[i])
         total = total + w * (ce_weight * ce + l1_weight * l1 + confidence_weight * bce)
         ce_sum += w * float(ce.detach())

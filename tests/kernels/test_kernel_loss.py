@@ -64,3 +64,14 @@ def test_loss_kernel_refuses_trainable_lm_head():
     inputs["lm_head"].requires_grad_()
     with pytest.raises(ValueError, match="frozen"):
         dspark_loss(**inputs, backend="triton")
+
+
+@pytest.mark.parametrize("backend", ["reference", "torch", "triton"])
+def test_confidence_gradient_at_a_zero_logit_is_sigmoid_minus_target(backend):
+    """d BCE / dz = σ(z) − c*: at z = 0 exactly that is 0.5 − c*, in every tier."""
+    inputs = _inputs(3, 4, 7, 2, seed=5, with_markov=False, with_conf=True, dtype=torch.float64)
+    inputs["confidence_logits"] = torch.zeros(3, dtype=torch.float64, device=DEVICE, requires_grad=True)
+    out = dspark_loss(**inputs, ce_weight=0.0, l1_weight=0.0, backend=backend)
+    out.loss.backward()
+    expected = inputs["weights"] * (0.5 - out.acceptance.to(DEVICE)) / inputs["weights"].sum()
+    assert_close(inputs["confidence_logits"].grad, expected, rtol=1e-9, atol=1e-12)

@@ -229,3 +229,23 @@ def test_profile_sps_takes_medians_and_makes_the_table_monotone(monkeypatch):
     assert table.sps[4].item() == pytest.approx(1 / 0.012)
     assert table.sps[8].item() == pytest.approx(1 / 0.020)
     assert table.max_tokens == 8
+
+
+@pytest.mark.parametrize("backend", ["reference", "torch"])
+def test_bad_tables_are_refused_alike_on_every_tier(backend):
+    confidence = torch.full((6, 4), 0.5)
+    with pytest.raises(ValueError, match="SPSTable"):
+        schedule_greedy(confidence, 0.05, backend=backend)
+    with pytest.raises(ValueError, match="SPSTable"):
+        schedule_greedy(confidence, torch.ones(8), backend=backend)
+    with pytest.raises(ValueError, match="SPS table stops at 4"):  # six anchors alone need six tokens
+        schedule_greedy(confidence, SPSTable.linear(1.0, 0.1, 4), backend=backend)
+
+
+def test_triton_backend_on_cpu_tensors_says_what_it_needs(monkeypatch):
+    from dspark.backend import resolve_backend
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="needs CUDA tensors"):
+        resolve_backend("triton", torch.zeros(2))
+    assert resolve_backend("torch", torch.zeros(2)) == "torch"
