@@ -62,7 +62,7 @@ def read_checkpoint_config(directory: str | os.PathLike) -> dict:
     config = json.loads(path.read_text(encoding="utf-8"))
     if config.get("format") != FORMAT:
         raise ValueError(f"{path} is not a dspark drafter checkpoint (format {config.get('format')!r}); "
-                         "speculators checkpoints load with dspark.load")
+                         "dspark.load reads both dspark and speculators checkpoints")
     return config
 
 

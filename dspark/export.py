@@ -3,7 +3,8 @@
 :func:`export` writes ``config.json`` (the speculators keys, with ``transformer_layer_config`` describing the
 draft layers) and ``model.safetensors`` (speculators tensor names, which are dspark's own, plus ``d2t``
 offsets and the ``t2d`` mask for a reduced vocabulary). :func:`load` reads that format back, DSpark or
-DFlash, and refuses with a clear error what a dspark drafter cannot represent.
+DFlash, and dspark's own training checkpoints too, and refuses with a clear error what a dspark drafter
+cannot represent.
 
 Traps the format has: ``aux_hidden_state_layer_ids`` counts layer *boundaries* from 1 (HF's
 ``hidden_states`` index: 0 is the embedding output, i + 1 the output of layer i), so dspark's tap i is
@@ -124,17 +125,34 @@ def export(drafter: DSparkDrafter, directory: str | os.PathLike, *, verifier_nam
     return Path(directory)
 
 
-def load(directory: str | os.PathLike, *, dtype: torch.dtype = torch.float32,
+def load(directory: str | os.PathLike, *, verifier=None, dtype: torch.dtype = torch.float32,
          num_target_layers: int | None = None) -> DSparkDrafter:
-    """Load a speculators DSpark or DFlash checkpoint as a :class:`DSparkDrafter`.
+    """Load a drafter checkpoint, in dspark's own format (what ``python -m dspark train`` writes) or in the
+    speculators format (DSpark or DFlash, written by :func:`export` or by speculators itself).
 
-    ``num_target_layers`` is only needed for checkpoints written elsewhere (dspark stores it); it bounds
-    the taps, so without it the taps are checked against the smallest target they fit.
+    Args:
+        verifier: supplies the shared embedding and LM head when the checkpoint leaves them out (dspark's
+            format always does; speculators leaves out what it takes from the verifier): a
+            :class:`dspark.target.TargetModel`, a Hugging Face model directory, or a pair
+            ``(embed_weight [V, H], lm_head_weight [V, H])``.
+        num_target_layers: only for speculators checkpoints written elsewhere (dspark stores it); it bounds
+            the taps, so without it the taps are checked against the smallest target they fit.
+
+    The drafter's ``checkpoint_format`` says which format was read (``dspark`` or ``speculators``).
     """
     import safetensors.torch
 
     directory = Path(directory)
-    cfg = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    path = directory / "config.json"
+    if not path.exists():
+        raise FileNotFoundError(f"no config.json in {directory}: not a drafter checkpoint")
+    cfg = json.loads(path.read_text(encoding="utf-8"))
+    from dspark.checkpoint import FORMAT, load_drafter
+
+    if cfg.get("format") == FORMAT:
+        drafter = load_drafter(directory, _verifier_target(verifier), dtype=dtype)
+        drafter.checkpoint_format = "dspark"
+        return drafter
     kind = cfg.get("speculators_model_type")
     if kind not in ("dspark", "dflash"):
         raise ValueError(f"{directory} is a {kind!r} speculators checkpoint; dspark loads 'dspark' and 'dflash'")
@@ -169,7 +187,7 @@ def load(directory: str | os.PathLike, *, dtype: torch.dtype = torch.float32,
         confidence_head_with_markov=bool(cfg.get("confidence_head_with_markov", False)) and kind == "dspark",
         confidence_head_bias="confidence_head.proj.bias" in tensors,  # DeepSeek-V4 heads have none
         qk_norm=True,
-        rope_theta=float(layer.get("rope_theta", 10000.0)),
+        rope_theta=_rope_theta(layer),
         rms_norm_eps=float(layer.get("rms_norm_eps", 1e-6)),
         max_position_embeddings=int(layer.get("max_position_embeddings", 4096)),
         target_hidden_size=cfg.get("target_hidden_size") or layer["hidden_size"],
@@ -179,12 +197,63 @@ def load(directory: str | os.PathLike, *, dtype: torch.dtype = torch.float32,
     tensors.pop("t2d", None)
     missing, unexpected = drafter.load_state_dict(tensors, strict=False)
     missing = set(missing) - {"sts_temperatures", "draft_to_target"}
-    if missing or unexpected:
+    shared = {"embed_tokens.weight", "lm_head.weight"} & missing
+    if unexpected or missing - shared:
         raise ValueError(f"{directory}: tensors missing {sorted(missing)}, unexpected {sorted(unexpected)}")
     if drafter.reduced_vocab:
         if d2t is None:
             raise ValueError(f"{directory}: a reduced draft vocabulary needs the d2t tensor")
         drafter.draft_to_target.copy_(d2t.long() + torch.arange(d2t.shape[0]))
+    if shared:
+        if verifier is None:
+            raise ValueError(f"{directory} leaves out {sorted(shared)} (speculators takes them from the verifier): "
+                             "pass verifier= (a TargetModel, a model directory, or (embed_weight, lm_head_weight))")
+        embed, lm_head = _shared_weights(verifier)
+        with torch.no_grad():
+            if "embed_tokens.weight" in shared:
+                drafter.embed_tokens.weight.copy_(embed)
+            if "lm_head.weight" in shared:
+                rows = drafter.draft_to_target if drafter.reduced_vocab else slice(None)
+                drafter.lm_head.weight.copy_(lm_head[rows])
     if "sts_temperatures" in own:
         drafter.sts_temperatures.copy_(torch.tensor(own["sts_temperatures"]))
+    drafter.checkpoint_format = "speculators"
+    drafter.checkpoint_path = directory
     return drafter.to(dtype).eval()
+
+
+def _rope_theta(layer: dict) -> float:
+    """θ from ``rope_theta`` or (transformers 5) ``rope_parameters.rope_theta``; scaled RoPE is refused."""
+    params = layer.get("rope_parameters") or {}
+    scaling = layer.get("rope_scaling") or {}
+    kind = params.get("rope_type") or params.get("type") or scaling.get("rope_type") or scaling.get("type")
+    if kind not in (None, "default"):
+        raise ValueError(f"the draft layers use RoPE type {kind!r}; dspark implements the default (unscaled) RoPE")
+    theta = layer.get("rope_theta", params.get("rope_theta"))
+    if theta is None:
+        raise ValueError("transformer_layer_config gives no rope_theta (nor rope_parameters.rope_theta)")
+    return float(theta)
+
+
+def _verifier_target(verifier):
+    """A TargetModel-like object with ``embed_weight()`` and ``lm_head_weight()``, or None."""
+    if verifier is None or hasattr(verifier, "embed_weight"):
+        return verifier
+    from types import SimpleNamespace
+
+    embed, lm_head = _shared_weights(verifier)
+    return SimpleNamespace(embed_weight=lambda: embed, lm_head_weight=lambda: lm_head)
+
+
+def _shared_weights(verifier) -> tuple[torch.Tensor, torch.Tensor]:
+    if hasattr(verifier, "embed_weight"):
+        return verifier.embed_weight().detach(), verifier.lm_head_weight().detach()
+    if isinstance(verifier, (str, os.PathLike)):
+        from dspark.target import load_target
+
+        target = load_target(verifier)
+        return target.embed_weight().detach(), target.lm_head_weight().detach()
+    if isinstance(verifier, (tuple, list)) and len(verifier) == 2 and all(torch.is_tensor(t) for t in verifier):
+        return verifier[0].detach(), verifier[1].detach()
+    raise ValueError("verifier must be a TargetModel, a model directory, or a pair (embed_weight, lm_head_weight); "
+                     f"got {type(verifier).__name__}")

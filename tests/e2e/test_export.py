@@ -147,3 +147,56 @@ def test_speculators_accepts_the_export(tmp_path):
         conf = drafter.confidence_head(hidden, emb)
     torch.testing.assert_close(torch.tensor(report["markov_bias"]), bias, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(torch.tensor(report["confidence_logits"]), conf, rtol=1e-5, atol=1e-5)
+
+
+def test_load_reads_dspark_checkpoints_and_says_which_format(tmp_path):
+    from dspark.checkpoint import save_drafter
+
+    target = tiny_target()
+    drafter = drafter_for(target)
+    save_drafter(drafter, tmp_path / "own")
+    with pytest.raises(ValueError, match="pass the target"):
+        dspark.load(tmp_path / "own")
+    loaded = dspark.load(tmp_path / "own", verifier=target)
+    assert loaded.checkpoint_format == "dspark" and loaded.config == drafter.config
+    a, b = _draft_outputs(drafter, target, [3, 9, 4]), _draft_outputs(loaded, target, [3, 9, 4])
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.draft_probs, b.draft_probs)
+
+
+@pytest.mark.parametrize("reduced", [False, True])
+def test_speculators_checkpoints_without_shared_weights_take_them_from_the_verifier(tmp_path, reduced):
+    import safetensors.torch
+
+    target = tiny_target()
+    drafter = drafter_for(target, draft_vocab_size=40 if reduced else None)
+    if reduced:
+        counts = token_counts([torch.randint(0, 64, (500,), generator=torch.Generator().manual_seed(1))], 64)
+        drafter.set_draft_vocab(build_draft_vocab(counts, 40), target.lm_head_weight())
+    dspark.export(drafter, tmp_path, verifier_name_or_path="t", verifier_architectures=["X"], dtype=torch.float32)
+    # What speculators' own save_pretrained writes: no embedding, no LM head (they come from the verifier).
+    tensors = safetensors.torch.load_file(tmp_path / "model.safetensors")
+    del tensors["embed_tokens.weight"], tensors["lm_head.weight"]
+    safetensors.torch.save_file(tensors, tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match="verifier="):
+        dspark.load(tmp_path)
+    for verifier in (target, (target.embed_weight(), target.lm_head_weight())):
+        loaded = dspark.load(tmp_path, verifier=verifier)
+        assert loaded.checkpoint_format == "speculators"
+        a, b = _draft_outputs(drafter, target, [3, 9, 4]), _draft_outputs(loaded, target, [3, 9, 4])
+        assert torch.equal(a.tokens, b.tokens) and torch.equal(a.draft_probs, b.draft_probs)
+
+
+def test_rope_theta_is_read_from_rope_parameters_and_scaled_rope_is_refused(tmp_path):
+    target = tiny_target()
+    dspark.export(drafter_for(target), tmp_path, verifier_name_or_path="t", verifier_architectures=["X"])
+    path = tmp_path / "config.json"
+    cfg = json.loads(path.read_text())
+    layer = cfg["transformer_layer_config"]
+    layer.pop("rope_theta")
+    layer["rope_parameters"] = {"rope_type": "default", "rope_theta": 100000.0}  # transformers 5's form
+    path.write_text(json.dumps(cfg))
+    assert dspark.load(tmp_path).config.rope_theta == 100000.0
+    layer["rope_parameters"]["rope_type"] = "yarn"
+    path.write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="RoPE type 'yarn'"):
+        dspark.load(tmp_path)
