@@ -16,11 +16,13 @@ One speculative round for the active requests (method.md §1):
 
 from __future__ import annotations
 
+import numbers
 import time
 from dataclasses import dataclass, field
 
 import torch
 
+from dspark._checks import check_sampling
 from dspark.metrics import AcceptanceStats
 from dspark.sampling import sample_from_probs, warp_logits
 from dspark.scheduler import FixedLength, Scheduler
@@ -39,8 +41,12 @@ class SamplingConfig:
     eos_token_id: int | None = None
 
     def __post_init__(self):
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an int >= 1, got {self.max_new_tokens!r}")
+        check_sampling(self.temperature, self.top_k, self.top_p, 1)
+        if self.eos_token_id is not None and (isinstance(self.eos_token_id, bool)
+                                              or not isinstance(self.eos_token_id, int) or self.eos_token_id < 0):
+            raise ValueError(f"eos_token_id must be a non-negative int or None, got {self.eos_token_id!r}")
 
 
 @dataclass
@@ -81,12 +87,29 @@ class GenerationResult:
         return out
 
 
-def _check_prompts(prompts: list[list[int]], vocab: int) -> None:
-    if not prompts or any(len(p) == 0 for p in prompts):
-        raise ValueError("need at least one prompt, each with at least one token")
-    for p in prompts:
+def _check_prompts(target, prompts: list[list[int]], config: SamplingConfig, extra_positions: int = 0) -> None:
+    """Prompts are a non-empty list of non-empty lists of int token ids in range, and each fits the model's
+    positions together with its new tokens (RoPE would run past what the model was trained on)."""
+    vocab = target.vocab_size
+    if not isinstance(prompts, (list, tuple)) or not prompts:
+        raise ValueError(f"prompts must be a non-empty list of token-id lists, got {type(prompts).__name__} "
+                         "(encode text first: target.encode_chat(text) or the tokenizer)")
+    for i, p in enumerate(prompts):
+        if not isinstance(p, (list, tuple)) or not p or not all(isinstance(t, numbers.Integral)
+                                                                and not isinstance(t, bool) for t in p):
+            raise ValueError(f"prompt {i} must be a non-empty list of int token ids, got {type(p).__name__}"
+                             + (f" of {type(p[0]).__name__}" if isinstance(p, (list, tuple)) and p else ""))
         if min(p) < 0 or max(p) >= vocab:
-            raise ValueError(f"prompt token ids must lie in [0, {vocab})")
+            raise ValueError(f"prompt {i}: token ids must lie in [0, {vocab}), got [{min(p)}, {max(p)}]")
+    eos = config.eos_token_id
+    if eos is not None and eos >= vocab:
+        raise ValueError(f"eos_token_id {eos} is outside the target's vocabulary of {vocab}")
+    limit = getattr(target.config, "max_position_embeddings", None)
+    longest = max(len(p) for p in prompts) + config.max_new_tokens + extra_positions
+    if limit is not None and longest > limit:
+        raise ValueError(f"a prompt of {max(len(p) for p in prompts)} tokens plus {config.max_new_tokens} new tokens "
+                         f"(and {extra_positions} draft positions) needs {longest} positions; the model has "
+                         f"{limit} (max_position_embeddings): shorten the prompt or max_new_tokens")
 
 
 def prefill(target, prompts: list[list[int]]):
@@ -193,7 +216,7 @@ def generate(target, prompts: list[list[int]], config: SamplingConfig | None = N
              progress: bool = False) -> GenerationResult:
     """Plain target-only decoding, one token per step per request (the baseline)."""
     config = config or SamplingConfig()
-    _check_prompts(prompts, target.vocab_size)
+    _check_prompts(target, prompts, config)
     eos = config.eos_token_id if config.eos_token_id is not None else target.eos_token_id
     gen = torch.Generator().manual_seed(config.seed)
     bar = _progress(len(prompts) * config.max_new_tokens, progress, "target-only")
@@ -259,7 +282,7 @@ class SpeculativeDecoder:
     @torch.no_grad()
     def start(self, prompts: list[list[int]]) -> SpeculativeDecoder:
         """Prefill the target, fill the drafter's context cache, sample the first token from the target."""
-        _check_prompts(prompts, self.target.vocab_size)
+        _check_prompts(self.target, prompts, self.config, self.gamma)
         self.generator = torch.Generator().manual_seed(self.config.seed)
         self.stats = AcceptanceStats(self.gamma)
         self.timings = {"prefill": 0.0, "draft": 0.0, "schedule": 0.0, "verify": 0.0}

@@ -281,3 +281,5 @@ def _check_sample_block_inputs(base_logits, hidden, anchor_ids, uniforms, weight
                 "pass draft_to_target to map draft ids into the target vocabulary"
             )
         check_token_range("anchor_ids", anchor_ids, weights.w1.shape[0])
+        if draft_to_target is not None:  # it maps drafted ids to the previous tokens W1 embeds
+            check_token_range("draft_to_target", draft_to_target, weights.w1.shape[0])

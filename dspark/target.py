@@ -145,6 +145,10 @@ class TargetModel:
         The draft layers keep Qwen3's per-head q/k norms whatever the target: that is the layer the
         serving engines build for DSpark drafters (speculators, vLLM), so the drafter stays exportable.
         """
+        taps = overrides.pop("target_layer_ids", None)
+        if taps is not None and list(taps) != self.tap_layers:
+            raise ValueError(f"target_layer_ids {list(taps)} differ from this target's taps {self.tap_layers}: load "
+                             "the target with tap_layers=... so that it hands the drafter those layers")
         overrides.setdefault("mask_token_id", self.mask_token_id())
         overrides.setdefault("qk_norm", True)
         return DSparkConfig.from_target_config(self.config, target_layer_ids=self.tap_layers, **overrides)

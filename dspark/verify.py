@@ -75,6 +75,10 @@ def verify(
         backend: ``auto`` | ``reference`` | ``torch`` | ``triton``.
     """
     _check_inputs(draft_tokens, draft_probs, target_probs, verify_len, accept_uniforms, final_uniforms)
+    vocab = draft_probs.shape[-1]
+    if eos_token_id is not None and (isinstance(eos_token_id, bool) or not isinstance(eos_token_id, int)
+                                     or not 0 <= eos_token_id < vocab):
+        raise ValueError(f"eos_token_id must be an int in [0, {vocab}) or None, got {eos_token_id!r}")
     backend = resolve_backend(backend, draft_probs)
     if backend == "reference":
         from dspark.reference.verify import verify as reference_verify
@@ -151,3 +155,16 @@ def _check_inputs(draft_tokens, draft_probs, target_probs, verify_len, accept_un
         raise ValueError(f"verify_len must lie in [0, {gamma}], got {verify_len.tolist()}")
     if bool((draft_probs < 0).any()) or bool((target_probs < 0).any()):
         raise ValueError("draft_probs and target_probs must be non-negative probabilities")
+    # Every row the verifier reads must be a distribution: target rows 0…ℓ_r, draft rows 1…ℓ_r. The
+    # tolerance covers the rounding of a softmax stored in the given dtype (fp32: summing 150k terms drifts
+    # by ~1e-5; bf16/fp16 store each term to 3 significant digits), not a mis-scaled or empty row.
+    slots = torch.arange(gamma + 1, device=verify_len.device)
+    tolerance = 1e-3 if torch.finfo(target_probs.dtype).bits >= 32 else 2e-2
+    for name, probs, read in (("target_probs", target_probs, slots <= verify_len[:, None]),
+                              ("draft_probs", draft_probs, slots[:gamma] < verify_len[:, None])):
+        mass = probs.sum(-1, dtype=torch.float64)
+        off = read.to(mass.device) & ((mass - 1).abs() > tolerance)
+        if bool(off.any()):
+            r, k = (int(i) for i in off.nonzero()[0])
+            raise ValueError(f"{name}[{r}, {k}] sums to {float(mass[r, k]):.6g}, not 1 (±{tolerance:g}): every row "
+                             "the verifier reads must be a probability distribution")

@@ -167,3 +167,37 @@ def test_half_precision_drafters_decode_sampled_runs(dtype):
         assert all(len(t) == 16 for t in out.tokens)
     greedy = SamplingConfig(max_new_tokens=16, temperature=0.0)
     assert speculative_generate(target, drafter, prompts, greedy).tokens == generate(target, prompts, greedy).tokens
+
+
+@pytest.mark.parametrize("prompts, config, match", [
+    (torch.tensor([[1, 2, 3]]), SamplingConfig(), "list of token-id lists"),
+    ("What is 2 + 2?", SamplingConfig(), "list of token-id lists"),
+    ([[1.0, 2.0]], SamplingConfig(), "int token ids"),
+    ([[1, 99]], SamplingConfig(), r"token ids must lie in \[0, 64\)"),
+    ([[1, 2]], SamplingConfig(eos_token_id=64), "outside the target's vocabulary"),
+    ([list(range(60)) * 8], SamplingConfig(max_new_tokens=40), "max_position_embeddings"),
+])
+def test_decoders_refuse_bad_prompts_and_settings(prompts, config, match):
+    target = tiny_target("llama")
+    drafter = drafter_for(target)
+    with pytest.raises(ValueError, match=match):
+        generate(target, prompts, config)
+    with pytest.raises(ValueError, match=match):
+        speculative_generate(target, drafter, prompts, config)
+
+
+@pytest.mark.parametrize("settings, match", [
+    (dict(max_new_tokens=2.5), "max_new_tokens"), (dict(max_new_tokens=0), "max_new_tokens"),
+    (dict(temperature=float("inf")), "temperature"), (dict(temperature=float("nan")), "temperature"),
+    (dict(top_p=1.5), "top_p"), (dict(eos_token_id=-1), "eos_token_id"), (dict(eos_token_id=2.0), "eos_token_id"),
+])
+def test_sampling_config_refuses_what_it_cannot_mean(settings, match):
+    with pytest.raises(ValueError, match=match):
+        SamplingConfig(**settings)
+
+
+def test_drafter_config_takes_the_targets_own_taps_only():
+    target = tiny_target("llama", taps=(1, 3))
+    assert target.drafter_config(target_layer_ids=[1, 3]).target_layer_ids == [1, 3]
+    with pytest.raises(ValueError, match="tap_layers"):
+        target.drafter_config(target_layer_ids=[0, 2])

@@ -131,3 +131,13 @@ def test_bad_sample_block_input_raises(mutate, message):
 def test_rank_zero_head_is_refused():
     with pytest.raises(ValueError, match="rank >= 1"):
         MarkovHead(10, 10, 0, "vanilla", 4)
+
+
+@pytest.mark.parametrize("backend", ["reference", "torch"])
+def test_an_out_of_range_draft_to_target_map_is_refused(backend):
+    weights = random_markov_weights("vanilla", vocab=12, rank=3, hidden=5, draft_vocab=6, seed=0)
+    base, hidden = torch.randn(2, 3, 6), torch.randn(2, 3, 5)
+    anchors, uniforms = torch.tensor([1, 4]), torch.rand(2, 3)
+    with pytest.raises(ValueError, match="draft_to_target"):
+        sample_block(base, hidden, anchors, uniforms, weights, draft_to_target=torch.tensor([0, 2, 4, 6, 8, 12]),
+                     backend=backend)

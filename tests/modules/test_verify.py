@@ -160,3 +160,23 @@ def test_sample_size_detects_a_one_point_bias():
 
     assert chi_square_pvalue(draw(biased), expected) < ALPHA
     assert chi_square_pvalue(draw(expected), expected) > ALPHA
+
+
+@pytest.mark.parametrize("backend", ["reference", "torch"])
+def test_rows_that_are_not_distributions_are_refused(backend):
+    gen = torch.Generator().manual_seed(0)
+    draft_probs = torch.softmax(torch.randn(2, 3, 10, generator=gen), -1)
+    target_probs = torch.softmax(torch.randn(2, 4, 10, generator=gen), -1)
+    tokens = torch.randint(0, 10, (2, 3), generator=gen)
+    verify_len = torch.tensor([3, 1])
+    u, final = torch.rand(2, 3, generator=gen), torch.rand(2, generator=gen)
+    for bad, name in ((torch.zeros_like(target_probs), "target_probs"), (target_probs * 7, "target_probs")):
+        with pytest.raises(ValueError, match=f"{name}.*not 1"):
+            verify(tokens, draft_probs, bad, verify_len, u, final, backend=backend)
+    with pytest.raises(ValueError, match="draft_probs.*not 1"):
+        verify(tokens, draft_probs * 2, target_probs, verify_len, u, final, backend=backend)
+    unread = target_probs.clone()
+    unread[1, 3] = 0  # request 1 verifies one draft: its rows 2 and 3 are never read
+    verify(tokens, draft_probs, unread, verify_len, u, final, backend=backend)
+    with pytest.raises(ValueError, match="eos_token_id"):
+        verify(tokens, draft_probs, target_probs, verify_len, u, final, eos_token_id=10, backend=backend)
