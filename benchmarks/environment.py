@@ -45,10 +45,21 @@ def _commit() -> str:
     return source_commit()
 
 
+def scratch_results() -> Path:
+    """Where a benchmark writes unless told otherwise: ``$DSPARK_RESULTS``, else ``$DSPARK_CACHE/results``. The
+    tracked ``benchmarks/results/`` (what the paper is built from) changes only with ``--out benchmarks/results``."""
+    if os.environ.get("DSPARK_RESULTS"):
+        return Path(os.environ["DSPARK_RESULTS"])
+    from dspark.target import cache_root
+
+    return cache_root() / "results"
+
+
 def write_result(name: str, payload: dict, directory: Path | None = None) -> Path:
-    """Write ``{"environment": …, **payload}`` as ``<directory>/<name>.json`` atomically."""
+    """Write ``{"environment": …, **payload}`` as ``<directory>/<name>.json`` atomically (default:
+    :func:`scratch_results`)."""
     from dspark.io import atomic_write_text
 
-    path = (directory or RESULTS) / f"{name}.json"
+    path = Path(directory or scratch_results()) / f"{name}.json"
     atomic_write_text(path, json.dumps({"environment": environment(), **payload}, indent=2) + "\n")
     return path
