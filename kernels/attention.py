@@ -6,6 +6,11 @@ per group: rows ``slot · G + g``. It streams the context rows ``j < ctx_len`` i
 own γ keys, keeping a running max and sum; padding blocks write zeros. The training layout (many blocks
 over one context) and the inference layout (one block per request over its cache) are the same launch.
 
+Operands: bf16/fp16 inputs go into ``tl.dot`` as they are (tensor cores: wgmma on Hopper, tcgen05 on
+Blackwell) with fp32 accumulation, and the softmax weights are rounded to the input dtype for the PV
+product, as flash attention does; fp32 inputs run IEEE fp32 products (no TF32) and fp64 inputs fp64 ones,
+so those two match the oracle to their own rounding.
+
 Forward only: the backward pass recomputes the attention with the PyTorch implementation and
 differentiates that (``BlockAttentionFunction``), which is exact but not fused.
 """
@@ -15,11 +20,18 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from dspark.kernels._tuning import accumulator, empty_output, launch, next_power_of_2, shared_memory_bytes
+from dspark.kernels._tuning import (
+    accumulator,
+    empty_output,
+    interpreting,
+    launch,
+    next_power_of_2,
+    shared_memory_bytes,
+)
 
 CONFIGS = {
     "interpreter": [dict(BLOCK_N=8, num_warps=1, num_stages=1)],
-    "sm90": [dict(BLOCK_N=64, num_warps=4, num_stages=3), dict(BLOCK_N=32, num_warps=4, num_stages=3),
+    "sm90": [dict(BLOCK_N=64, num_warps=8, num_stages=3), dict(BLOCK_N=64, num_warps=4, num_stages=3), dict(BLOCK_N=32, num_warps=4, num_stages=3),
              dict(BLOCK_N=128, num_warps=8, num_stages=3), dict(BLOCK_N=64, num_warps=4, num_stages=2),
              dict(BLOCK_N=32, num_warps=4, num_stages=2)],
     "sm100": [dict(BLOCK_N=128, num_warps=8, num_stages=3, label="unmeasured"),
@@ -51,7 +63,7 @@ def _block_attention_kernel(
     skb_b, skb_n, skb_k, skb_h,
     so_b, so_n, so_k, so_h,
     BLOCK_M: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    ACC: tl.constexpr, PRECISION: tl.constexpr,
+    ACC: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """Mirrors ``dspark.reference.attention.block_attention`` for one (block, kv head)."""
     pid = tl.program_id(0).to(tl.int64)
@@ -65,7 +77,9 @@ def _block_attention_kernel(
     dims = tl.arange(0, BLOCK_D)
     dim_mask = dims < head_dim
     q_off = b * sq_b + n * sq_n + slot[:, None] * sq_k + head[:, None] * sq_h + dims[None, :]
-    q = tl.load(q_ptr + q_off, mask=row_mask[:, None] & dim_mask[None, :], other=0.0).to(ACC)
+    q = tl.load(q_ptr + q_off, mask=row_mask[:, None] & dim_mask[None, :], other=0.0)
+    if UPCAST:
+        q = q.to(ACC)
     scale = tl.load(scale_ptr).to(ACC)
     ctx_len = tl.load(ctx_len_ptr + pid)
     valid = tl.load(valid_ptr + pid) != 0
@@ -80,8 +94,10 @@ def _block_attention_kernel(
         col_mask = cols < ctx_len
         kv_off = cols[:, None] * skc_s + dims[None, :]
         tile_mask = col_mask[:, None] & dim_mask[None, :]
-        keys = tl.load(kc_base + kv_off, mask=tile_mask, other=0.0).to(ACC)
-        values = tl.load(vc_base + kv_off, mask=tile_mask, other=0.0).to(ACC)
+        keys = tl.load(kc_base + kv_off, mask=tile_mask, other=0.0)
+        values = tl.load(vc_base + kv_off, mask=tile_mask, other=0.0)
+        if UPCAST:
+            keys, values = keys.to(ACC), values.to(ACC)
         run_max, run_sum, acc = _online_update(q, keys, values, col_mask[None, :], run_max, run_sum, acc, scale,
                                                ACC, PRECISION)
 
@@ -89,8 +105,10 @@ def _block_attention_kernel(
     j_mask = js < gamma
     kb_off = b * skb_b + n * skb_n + kv * skb_h + js[:, None] * skb_k + dims[None, :]
     tile_mask = j_mask[:, None] & dim_mask[None, :]
-    keys = tl.load(kb_ptr + kb_off, mask=tile_mask, other=0.0).to(ACC)
-    values = tl.load(vb_ptr + kb_off, mask=tile_mask, other=0.0).to(ACC)
+    keys = tl.load(kb_ptr + kb_off, mask=tile_mask, other=0.0)
+    values = tl.load(vb_ptr + kb_off, mask=tile_mask, other=0.0)
+    if UPCAST:
+        keys, values = keys.to(ACC), values.to(ACC)
     run_max, run_sum, acc = _online_update(q, keys, values, j_mask[None, :], run_max, run_sum, acc, scale,
                                            ACC, PRECISION)
 
@@ -111,16 +129,21 @@ def _forward(q, k_ctx, v_ctx, k_blk, v_blk, ctx_len, block_valid, scale):
         return out
     acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     scale_t = torch.tensor([scale], dtype=acc_dtype, device=q.device)
-    block_m = max(16, next_power_of_2(gamma * group))
+    # The interpreter computes bf16/fp16 arithmetic on raw bits, so there half-precision tiles are upcast
+    # after loading (the same kernel, its fp32 path); a GPU feeds them to the tensor cores as they are.
+    upcast = q.dtype in (torch.float32, torch.float64) or interpreting()
+    elem = 4 if upcast else q.element_size()
+    # Rows are (slot, query head) pairs of one KV group. Tensor-core MMAs on Hopper and Blackwell (wgmma,
+    # tcgen05) take 64 rows at least, so half-precision tiles are padded to 64; padding rows are masked.
+    block_m = max(16 if upcast else 64, next_power_of_2(gamma * group))
     block_d = max(16, next_power_of_2(head_dim))
-
     smem = shared_memory_bytes(q.device)
 
     def fits(c):
-        # Pipelined fp32 K/V tiles (num_stages copies) plus the dot operands' staging buffers. Triton 3.6
-        # asked 272 KiB for BLOCK_N=64, 3 stages, head_dim 128 on an H200 (227 KiB); this bound gives 288.
-        staged = c["num_stages"] * 2 * c["BLOCK_N"] * block_d * 4
-        operands = 2 * (block_m + c["BLOCK_N"]) * block_d * 4
+        # Pipelined K/V tiles (num_stages copies) plus the dot operands' staging buffers. Triton 3.6 asked
+        # 272 KiB for fp32, BLOCK_N=64, 3 stages, head_dim 128 on an H200 (227 KiB); this bound gives 288.
+        staged = c["num_stages"] * 2 * c["BLOCK_N"] * block_d * elem
+        operands = 2 * (block_m + c["BLOCK_N"]) * block_d * elem
         return staged + operands <= smem
 
     args = (
@@ -133,8 +156,10 @@ def _forward(q, k_ctx, v_ctx, k_blk, v_blk, ctx_len, block_valid, scale):
     )
     constexprs = dict(
         BLOCK_M=block_m, BLOCK_J=max(16, next_power_of_2(gamma)), BLOCK_D=block_d, ACC=accumulator(q.dtype),
-        # fp32 operands must not drop to TF32 (1e-3 error); fp64 operands take the default path.
-        PRECISION=None if q.dtype == torch.float64 else "ieee",
+        # fp32 operands must not drop to TF32 (1e-3 error); fp64 and half-precision operands take the default
+        # path (fp64 products; tensor cores for bf16/fp16).
+        PRECISION="ieee" if q.dtype == torch.float32 or (upcast and q.dtype != torch.float64) else None,
+        UPCAST=upcast,
     )
     launch("block_attention", _block_attention_kernel, (batch * num_blocks, num_kv), args, constexprs,
            device=q.device, table=CONFIGS, key=(gamma * group, head_dim), fits=fits)

@@ -1,0 +1,73 @@
+"""The training recipe's record: the corpus, regeneration speed, draft-vocabulary coverage, each arm's wall-clock
+per phase and its held-out τ_prob against the answer tokens it had seen.
+
+Reads what ``python -m dspark train --config benchmarks/recipes/smollm2_drafter.json`` (and ``--objective
+dflash`` / ``eagle3``) wrote: the drafters in the dspark cache, whose metadata holds the run, and the
+corpus's ``corpus.json``. Regeneration speed is compared with plain batch-1 generation by the same bf16
+target on a few held-out prompts, measured here in one run. Writes ``training_recipe.json``.
+
+    python benchmarks/bench_recipe.py [--out benchmarks/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.environment import write_result  # noqa: E402
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--recipe", type=Path, default=Path(__file__).parent / "recipes" / "smollm2_drafter.json")
+    parser.add_argument("--batch1-prompts", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    from dspark.checkpoint import default_drafter_dir
+    from dspark.data import load_prompt_mix
+    from dspark.decoding import SamplingConfig, generate
+    from dspark.target import cache_root, load_default_target
+
+    recipe = json.loads(args.recipe.read_text(encoding="utf-8"))
+    arms = {}
+    for objective in ("dspark", "dflash", "eagle3"):
+        path = default_drafter_dir().with_name(f"smollm2-135m-instruct-{objective}") / "config.json"
+        if path.exists():
+            meta = json.loads(path.read_text(encoding="utf-8"))["metadata"]
+            arms[objective] = {k: meta.get(k) for k in ("steps", "train_sequences", "held_out_sequences",
+                                                         "train_answer_tokens", "vocab", "curve", "final", "sts")}
+            arms[objective]["run"] = meta.get("run")
+    if not arms:
+        raise SystemExit("no trained drafters in the cache: run `python -m dspark train --config ...` first")
+    corpus_dir = cache_root() / "training" / f"corpus-bf16-{recipe.get('max_new_tokens', 192)}"
+    corpus = json.loads((corpus_dir / "corpus.json").read_text(encoding="utf-8"))
+    runs = corpus["runs"]
+    answered = sum(r["answer_tokens"] for r in runs)
+    seconds = sum(r["seconds"] for r in runs)
+    target = load_default_target(dtype=torch.bfloat16)
+    prompts = [target.encode_chat(p.text) for p in load_prompt_mix(1)[: args.batch1_prompts]]
+    config = SamplingConfig(max_new_tokens=64, temperature=0.0)
+    plain = [generate(target, [p], config) for p in prompts]
+    batch1 = sum(r.new_tokens for r in plain) / sum(r.seconds for r in plain)
+    regeneration = {"answer_tokens": answered, "seconds": seconds, "tokens_per_s": answered / seconds,
+                    "batch_size": runs[-1]["batch_size"], "runs": runs, "settings": corpus["settings"],
+                    "batch1_generate_tokens_per_s": batch1, "speedup_over_batch1": answered / seconds / batch1,
+                    "note": "tokens/s over whole runs (prefill, decoding, feature capture and writes), bf16 target; "
+                            "runs may have shared the CPU with other work"}
+    print(f"regeneration: {answered} answer tokens in {seconds:.0f} s = {answered / seconds:.0f} tok/s "
+          f"({answered / seconds / batch1:.1f}x plain batch-1 generation, {batch1:.1f} tok/s)")
+    for name, arm in arms.items():
+        print(f"{name}: {arm['steps']} steps, final τ_prob {arm['final'].get('eval_tau_prob')}, "
+              f"seconds {arm['run'].get('seconds')}")
+    print(write_result("training_recipe", {"recipe": recipe, "regeneration": regeneration, "arms": arms}, args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
