@@ -68,6 +68,7 @@ def intercepted_launches(record: list):
 def _paper_cases():
     """(case name, callable that runs the launcher once) at the paper's shapes."""
     from dspark.kernels import attention, confidence, loss, markov, rejection, scheduler
+
     from dspark.markov import MarkovWeights
     from dspark.scheduler import SPSTable
 
