@@ -160,7 +160,8 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--requests", type=int, nargs="+", default=None)
     parser.add_argument("--ops", nargs="+", default=None, help="only these computations (default: all)")
-    parser.add_argument("--out", type=Path, default=None, help="results directory (default: a scratch directory; benchmarks/results updates the tracked ones)")
+    parser.add_argument("--out", type=Path, default=None, help="results directory (default: a scratch directory; "
+                        "benchmarks/results updates the tracked ones)")
     args = parser.parse_args(argv)
     device = args.device
     scale = "paper" if device == "cuda" else "small"
