@@ -32,8 +32,8 @@ from dspark.kernels._tuning import (
 CONFIGS = {
     "interpreter": [dict(BLOCK_N=8, num_warps=1, num_stages=1)],
     "sm90": [dict(BLOCK_N=64, num_warps=8, num_stages=3), dict(BLOCK_N=64, num_warps=4, num_stages=3),
-             dict(BLOCK_N=32, num_warps=4, num_stages=3), dict(BLOCK_N=128, num_warps=8, num_stages=3), dict(BLOCK_N=64, num_warps=4, num_stages=2),
-             dict(BLOCK_N=32, num_warps=4, num_stages=2)],
+             dict(BLOCK_N=32, num_warps=4, num_stages=3), dict(BLOCK_N=128, num_warps=8, num_stages=3),
+             dict(BLOCK_N=64, num_warps=4, num_stages=2), dict(BLOCK_N=32, num_warps=4, num_stages=2)],
     "sm100": [dict(BLOCK_N=128, num_warps=8, num_stages=3, label="unmeasured"),
               dict(BLOCK_N=64, num_warps=4, num_stages=4, label="unmeasured")],
     "other": [dict(BLOCK_N=32, num_warps=4, num_stages=2)],
