@@ -6,6 +6,8 @@
 #   2. kernel == reference tests with CUDA (hypothesis profile "gpu") and the paper-scale checks
 #   3. the kernel benchmark (Triton vs PyTorch module at paper scale, autotuned)
 #   4. training-step memory and tokens/s, plain vs chunked vs fused loss, at paper scale
+#   5. the compile matrix with this machine's Triton (every kernel for sm_90, sm_100, sm_103)
+# SKIP_SPS=1 and SKIP_TRAINING=1 leave out stages 1 and 4.
 #
 #   OUT=/some/dir DSPARK_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/gpu_check.sh
 #
@@ -38,8 +40,11 @@ stage() {  # stage NAME SECONDS COMMAND...
   [ "$rc" -eq 0 ] || status=1
 }
 [ -n "${SKIP_SPS:-}" ] || stage "SPS profile" 90 python benchmarks/bench_sps.py --device cuda --out "$OUT"
-stage "kernel tests" 170 env HYPOTHESIS_PROFILE=gpu python -m pytest -q -x -p no:cacheprovider tests/kernels tests/gpu
+stage "kernel tests" 170 env HYPOTHESIS_PROFILE=gpu python -m pytest -q -x -p no:cacheprovider tests/kernels tests/gpu \
+  --deselect tests/kernels/test_compile_matrix.py
 stage "kernel benchmark" 110 env DSPARK_AUTOTUNE=1 python benchmarks/bench_kernels.py --device cuda --out "$OUT"
-stage "training memory" 100 python benchmarks/bench_training.py --device cuda --scale paper --out "$OUT"
+[ -n "${SKIP_TRAINING:-}" ] || stage "training memory" 100 python benchmarks/bench_training.py --device cuda --scale paper \
+  --out "$OUT"
+stage "compile matrix" 150 env TRITON_DEFAULT_FP_FUSION=1 python benchmarks/compile_matrix.py --out "$OUT"
 log "overall status $status"
 exit "$status"
