@@ -2,10 +2,12 @@
 
 Greedy decoding of held-out real prompts (math, code, chat) with SmolLM2-135M-Instruct; the drafter is
 the trained one when available (``dspark.checkpoint.find_default_drafter``), else an untrained one, and
-the result says which. Reports tokens/s of both modes, their ratio, τ and per-position acceptance, and
-checks the outputs are identical. Writes ``benchmarks/results/e2e_cpu.json`` (or ``_gpu``).
+the result says which. Reports tokens/s of both modes, their ratio, τ and per-position acceptance, what a
+round costs in units of one plain target step at the same batch (draft, schedule, the verify pass's
+forward, verification with its cache updates, bookkeeping), and checks the outputs are identical.
+Writes ``e2e_cpu.json`` (or ``_gpu``).
 
-    python benchmarks/bench_e2e.py [--prompts-per-domain 3] [--max-new-tokens 64]
+    python benchmarks/bench_e2e.py [--prompts-per-domain 3] [--max-new-tokens 64] [--out benchmarks/results]
 """
 
 from __future__ import annotations
@@ -39,26 +41,34 @@ def main(argv=None) -> int:
     config = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=0.0)
     rows = []
     for batch in (1, 4):
-        plain_tokens, spec_tokens, plain_s, spec_s = [], [], 0.0, 0.0
-        stats = None
+        plain_runs, spec_runs = [], []
         for i in range(0, len(prompts), batch):
             chunk = prompts[i: i + batch]
-            plain = generate(target, chunk, config)
-            spec = speculative_generate(target, drafter, chunk, config,
-                                        scheduler=FixedLength(drafter.config.block_size))
-            plain_tokens += plain.tokens
-            spec_tokens += spec.tokens
-            plain_s += plain.seconds
-            spec_s += spec.seconds
-            stats = spec.stats if stats is None else stats.merge(spec.stats)
-        new = sum(len(t) for t in spec_tokens)
+            plain_runs.append(generate(target, chunk, config))
+            spec_runs.append(speculative_generate(target, drafter, chunk, config,
+                                                  scheduler=FixedLength(drafter.config.block_size)))
+        stats = spec_runs[0].stats
+        for run in spec_runs[1:]:
+            stats = stats.merge(run.stats)
+        plain_s, spec_s = sum(r.seconds for r in plain_runs), sum(r.seconds for r in spec_runs)
+        new = sum(r.new_tokens for r in spec_runs)
+        # One target step: a plain decoding step at this batch. A round's parts are given in those units.
+        step_s = sum(r.timings["decode"] for r in plain_runs) / sum(r.steps for r in plain_runs)
+        rounds = sum(r.steps for r in spec_runs)
+        parts = {k: sum(r.timings[k] for r in spec_runs) / rounds / step_s
+                 for k in ("draft", "schedule", "target", "verify", "bookkeeping")}
         row = {"batch": batch, "prompts": len(prompts), "new_tokens": new,
                "target_only_tokens_per_s": new / plain_s, "speculative_tokens_per_s": new / spec_s,
-               "speedup": plain_s / spec_s, "identical_outputs": plain_tokens == spec_tokens, **stats.as_dict()}
+               "speedup": plain_s / spec_s,
+               "identical_outputs": [t for r in plain_runs for t in r.tokens] == [t for r in spec_runs
+                                                                                  for t in r.tokens],
+               "target_step_ms": 1000 * step_s, "round_in_target_steps": sum(parts.values()),
+               "round_parts_in_target_steps": parts, **stats.as_dict()}
         rows.append(row)
         print(f"batch {batch}: target-only {row['target_only_tokens_per_s']:.1f} tok/s, speculative "
               f"{row['speculative_tokens_per_s']:.1f} tok/s, speedup {row['speedup']:.2f}x, tau {stats.tau:.2f}, "
-              f"identical {row['identical_outputs']}")
+              f"identical {row['identical_outputs']}; a round costs {row['round_in_target_steps']:.2f} target steps "
+              f"({', '.join(f'{k} {v:.2f}' for k, v in parts.items())})")
     device = "gpu" if torch.cuda.is_available() else "cpu"
     path = write_result(f"e2e_{device}", {"drafter": description, "drafter_config": drafter.config.to_dict(),
                                           "max_new_tokens": args.max_new_tokens, "rows": rows}, args.out)

@@ -51,12 +51,20 @@ class SamplingConfig:
 
 @dataclass
 class GenerationResult:
-    """Generated token ids per request (prompt excluded), acceptance statistics and where the time went."""
+    """Generated token ids per request (prompt excluded), acceptance statistics and where the time went.
+
+    ``steps`` counts the target's forward passes after the prefill (decoding steps, or speculative rounds);
+    ``timings`` splits the seconds: ``prefill`` and ``decode`` for plain decoding; ``prefill``, ``draft``,
+    ``schedule``, ``target`` (the verify pass's forward), ``verify`` (warping, rejection sampling, cache
+    roll-back and the drafter's cache update) and ``bookkeeping`` (statistics, outputs, finished requests)
+    for speculative decoding.
+    """
 
     tokens: list[list[int]]
     seconds: float
     stats: AcceptanceStats | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    steps: int = 0
 
     @property
     def new_tokens(self) -> int:
@@ -222,6 +230,8 @@ def generate(target, prompts: list[list[int]], config: SamplingConfig | None = N
     bar = _progress(len(prompts) * config.max_new_tokens, progress, "target-only")
     start = time.perf_counter()
     state, logits, *_ = prefill(target, prompts)
+    prefilled = time.perf_counter()
+    steps = 0
     out = _Outputs(len(prompts), config.max_new_tokens, eos)
     active = torch.arange(len(prompts))
     token = sample(logits, config, gen)
@@ -242,9 +252,12 @@ def generate(target, prompts: list[list[int]], config: SamplingConfig | None = N
                               torch.ones(len(active), 1, dtype=torch.bool, device=device))
         state.next_pos = state.next_pos + 1
         token = sample(step.logits[:, -1], config, gen)
+        steps += 1
     if bar:
         bar.close()
-    return GenerationResult(out.lists(), time.perf_counter() - start)
+    end = time.perf_counter()
+    return GenerationResult(out.lists(), end - start, timings={"prefill": prefilled - start, "decode": end - prefilled},
+                            steps=steps)
 
 
 class SpeculativeDecoder:
@@ -285,7 +298,9 @@ class SpeculativeDecoder:
         _check_prompts(self.target, prompts, self.config, self.gamma)
         self.generator = torch.Generator().manual_seed(self.config.seed)
         self.stats = AcceptanceStats(self.gamma)
-        self.timings = {"prefill": 0.0, "draft": 0.0, "schedule": 0.0, "verify": 0.0}
+        self.timings = {"prefill": 0.0, "draft": 0.0, "schedule": 0.0, "target": 0.0, "verify": 0.0,
+                        "bookkeeping": 0.0}
+        self.steps = 0
         t0 = time.perf_counter()
         self.state, logits, prompt_step, lengths, ids = prefill(self.target, prompts)
         self.cache = self.drafter.new_cache(len(prompts), capacity=int(lengths.max()) + 16, device=self.device,
@@ -340,6 +355,7 @@ class SpeculativeDecoder:
         positions = self.state.next_pos[:, None] + torch.arange(width, device=device)
         step = self.target.forward(self.state, fed, positions,
                                    torch.arange(width, device=device) <= verify_len[:, None])
+        t_target = time.perf_counter()
         target_probs = warp_logits(step.logits, config.temperature, config.top_k, config.top_p)
         slots = max(width - 1, 1)  # verify needs one slot at least; with ℓ = 0 everywhere only row 0 is read
         if target_probs.shape[1] < slots + 1:
@@ -354,9 +370,6 @@ class SpeculativeDecoder:
         self.drafter.extend_cache(self.cache, step.taps[:, : int(kept.max())].to(self.dtype), kept,
                                   token_ids=fed[:, : int(kept.max())])
         t3 = time.perf_counter()
-        self.timings["draft"] += t1 - t0
-        self.timings["schedule"] += t2 - t1
-        self.timings["verify"] += t3 - t2
 
         self.stats.update(verify_len.cpu(), result.num_accepted.cpu(), result.num_committed.cpu())
         if self.record_rounds and draft.confidence_logits is not None:
@@ -368,6 +381,11 @@ class SpeculativeDecoder:
         # After an accepted EOS there is no next token; the request is dropped before it is read.
         self.anchor = result.next_token.clamp(min=0)
         self._drop_finished()
+        t4 = time.perf_counter()
+        for name, seconds in (("draft", t1 - t0), ("schedule", t2 - t1), ("target", t_target - t2),
+                              ("verify", t3 - t_target), ("bookkeeping", t4 - t3)):
+            self.timings[name] += seconds
+        self.steps += 1
         return counts
 
     def run(self, progress: bool = False) -> GenerationResult:
@@ -382,7 +400,7 @@ class SpeculativeDecoder:
                 bar.update(sum(counts))
         if bar:
             bar.close()
-        return GenerationResult(self.outputs.lists(), time.perf_counter() - t0, self.stats, self.timings)
+        return GenerationResult(self.outputs.lists(), time.perf_counter() - t0, self.stats, self.timings, self.steps)
 
 
 def speculative_generate(target, drafter, prompts: list[list[int]], config: SamplingConfig | None = None, *,
