@@ -187,11 +187,12 @@ def build_corpus(target, prompts: list[str] | list[list[int]], directory: str | 
     if bar is not None:
         bar.close()
     report.samples_total += report.samples_written
-    recorded = json.loads(manifest.read_text(encoding="utf-8"))
-    recorded["runs"].append({"samples_written": report.samples_written, "answer_tokens": report.answer_tokens,
-                             "seconds": round(report.seconds, 1), "batch_size": batch_size,
-                             "stopped_by_budget": report.stopped_by_budget})
-    _write_json(manifest, recorded)
+    if report.samples_written:  # a call that found everything on disk adds no run
+        recorded = json.loads(manifest.read_text(encoding="utf-8"))
+        recorded["runs"].append({"samples_written": report.samples_written, "answer_tokens": report.answer_tokens,
+                                 "seconds": round(report.seconds, 1), "batch_size": batch_size,
+                                 "stopped_by_budget": report.stopped_by_budget})
+        _write_json(manifest, recorded)
     if report.stopped_by_budget:
         print(f"corpus: stopped at {used / 2**30:.1f} GiB, the max_bytes budget; "
               f"{report.samples_total} of {len(prompts)} prompts answered")
