@@ -489,9 +489,12 @@ class Trainer:
             row["seconds"] = self.elapsed = time.perf_counter() - start
             self.history.append(row)
             if bar:
-                acc = row.get("eval_accuracy")
-                bar.set_postfix(loss=f"{row['loss']:.3f}", tau_prob=f"{row.get('eval_tau_prob', float('nan')):.2f}",
-                                acc1=f"{acc[0]:.2f}" if acc else "-")
+                evaluated = next((r for r in reversed(self.history) if "eval_tau_prob" in r), None)
+                shown = {"loss": f"{row['loss']:.3f}"}
+                if evaluated is not None:  # the latest held-out numbers stay on the bar between evaluations
+                    shown.update(tau_prob=f"{evaluated['eval_tau_prob']:.2f}",
+                                 acc1=f"{evaluated['eval_accuracy'][0]:.2f}")
+                bar.set_postfix(**shown)
                 bar.update(1)
             if output_dir and self.config.checkpoint_every and self.step % self.config.checkpoint_every == 0 \
                     and rank == 0:

@@ -72,6 +72,21 @@ def machine(result: dict) -> str:
     return f"{where}, torch {env['torch']}, Triton {env.get('triton')}, commit {env['commit']}"
 
 
+def drafter_date() -> str | None:
+    """When the shipped drafter's recipe was recorded (``training_recipe.json``), if it was."""
+    recipe = load("training_recipe")
+    return recipe["environment"]["date"] if recipe else None
+
+
+def stale_note(result: dict, what: str) -> str:
+    """A line saying that ``result`` predates the current drafter, when it does (ISO dates compare as text)."""
+    shipped = drafter_date()
+    if shipped is None or result["environment"]["date"] >= shipped:
+        return ""
+    return (f"*Stale: these results (commit {result['environment']['commit']}) were measured with {what}, "
+            "before the drafter of §1 was trained, and were not re-run for it.*\n")
+
+
 def _plt():
     import matplotlib
 
@@ -169,8 +184,61 @@ def _figure_acceptance(rows: list[dict], figures: Path) -> None:
 # ---------------------------------------------------------------------------------------------------------
 
 
+def section_training(out: list[str], figures: Path) -> None:
+    result = _results(out, "training_recipe", "## 2. Training at small scale: data, speed and acceptance against data",
+                      "benchmarks/bench_recipe.py")
+    if result is None:
+        return
+    regen, arms, recipe = result["regeneration"], result["arms"], result["recipe"]
+    out.append("**How it was measured.** One command per arm, `python -m dspark train --config "
+               "benchmarks/recipes/smollm2_drafter.json [--objective dflash|eagle3]`, on this CPU; "
+               "`benchmarks/bench_recipe.py` collects what the runs recorded. "
+               f"Measured on {machine(result)}.\n")
+    out.append(f"- **Data.** The bf16 target answered the first {num(recipe['corpus_samples'], 'd')} prompts of a "
+               f"seeded shuffle of {num(regen['settings']['num_prompts'], 'd')} ShareGPT first turns greedily "
+               f"(at most {num(recipe['max_new_tokens'], 'd')} new tokens): {num(regen['answer_tokens'], 'd')} answer "
+               f"tokens, with the target's features kept as it read them. Regeneration ran at "
+               f"{num(regen['tokens_per_s'], '.0f')} answer tokens/s (batches of {num(regen['batch_size'], 'd')}, "
+               f"prefill and feature writes included, sharing the CPU with other work at times), "
+               f"{num(regen['speedup_over_batch1'], '.1f')}× plain batch-1 generation by the same target "
+               f"({num(regen['batch1_generate_tokens_per_s'], '.1f')} tokens/s).")
+    for name, arm in arms.items():
+        vocab = arm.get("vocab") or {}
+        seconds = (arm.get("run") or {}).get("seconds", {})
+        coverage = (f"draft vocabulary of {num(vocab['draft_vocab_size'], 'd')} tokens covering "
+                    f"{num(100 * vocab['train_coverage'], '.2f')}% of the training answers and "
+                    f"{num(100 * vocab['held_out_coverage'], '.2f')}% of the held-out ones; ") if vocab else \
+            "full vocabulary; "
+        phases = ", ".join(f"{k} {num(v / 60, '.1f')} min" for k, v in seconds.items())
+        out.append(f"- **{LABELS.get(name, name)}.** {num(arm['steps'], 'd')} steps on "
+                   f"{num(arm['train_sequences'], 'd')} sequences ({coverage}held-out τ_prob "
+                   f"{num(arm['final']['eval_tau_prob'])} on {num(arm['held_out_sequences'], 'd')} sequences). "
+                   f"Wall-clock: {phases}.")
+    out.append("")
+    _figure_curve(arms, figures)
+    out.append("![Held-out acceptance against training data](figures/tau_vs_tokens.png)\n")
+    out.append("*Figure 2. Held-out τ_prob (the expected accepted length of T = 1 verification, bonus included) "
+               "against the answer tokens each drafter had trained on, evaluated every "
+               f"{num(recipe['eval_every'], 'd')} steps. The first point is the untrained drafter.*\n")
+
+
+def _figure_curve(arms: dict, figures: Path) -> None:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for name, arm in arms.items():
+        curve = arm.get("curve") or []
+        ax.plot([c["answer_tokens_seen"] / 1e3 for c in curve], [c["eval_tau_prob"] for c in curve], marker="o",
+                color=COLORS.get(name), label=LABELS.get(name, name))
+    ax.set_xlabel("answer tokens trained on (thousands)")
+    ax.set_ylabel("held-out τ_prob")
+    ax.set_ylim(bottom=1.0)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    _save(fig, figures, "tau_vs_tokens.png")
+
+
 def section_sweeps(out: list[str], figures: Path) -> None:
-    result = _results(out, "sweeps", "## 2. Gain over DFlash against depth and block length (Figs. 3 and 4)",
+    result = _results(out, "sweeps", "## 3. Gain over DFlash against depth and block length (Figs. 3 and 4)",
                       "benchmarks/bench_sweeps.py")
     if result is None:
         return
@@ -180,6 +248,8 @@ def section_sweeps(out: list[str], figures: Path) -> None:
                "τ_prob = 1 + Σ_k Π_{i≤k} c*_i (c* = 1 − TV to the target's distribution, teacher-forced prefixes): "
                "the expected accepted length of T = 1 verification. Depth at γ = 7; block length at one layer. "
                f"Measured on {machine(result)}.\n")
+    out.append(stale_note(result, "drafters trained by the earlier recipe (minutes of training on 144 "
+                                  "sequences)"))
     out.append("| sweep | layers | γ | DSpark τ_prob | DFlash τ_prob | DSpark gain in τ | gain in τ − 1 |")
     out.append("|---|---|---|---|---|---|---|")
     for r in rows:
@@ -201,7 +271,7 @@ def section_sweeps(out: list[str], figures: Path) -> None:
                "two layers.\n")
     _figure_sweeps(rows, figures)
     out.append("![Depth and block-length sweeps](figures/sweeps.png)\n")
-    out.append("*Figure 2 (the paper's Figs. 3 and 4). Held-out τ_prob of DSpark and DFlash drafters trained "
+    out.append("*Figure 3 (the paper's Figs. 3 and 4). Held-out τ_prob of DSpark and DFlash drafters trained "
                "identically, against the number of draft layers (left, γ = 7) and the block length γ (right, one "
                "layer).*\n")
 
@@ -239,7 +309,7 @@ def _figure_sweeps(rows, figures: Path) -> None:
 
 
 def section_calibration(out: list[str], figures: Path) -> None:
-    result = _results(out, "calibration_cpu", "## 3. Calibration before and after STS (Fig. 6)",
+    result = _results(out, "calibration_cpu", "## 4. Calibration before and after STS (Fig. 6)",
                       "benchmarks/bench_calibration.py")
     if result is None:
         return
@@ -250,6 +320,7 @@ def section_calibration(out: list[str], figures: Path) -> None:
                f"of {num(result['eval_prompts'], 'd')} other prompts, so the after column is out of sample. "
                "Per position k the prediction is the survival a_k = Π_{i≤k} σ(z_i/T_i) and the label "
                f"1[k ≤ A]; ECE over {num(result['ece_bins'], 'd')} equal bins. Measured on {machine(result)}.\n")
+    out.append(stale_note(result, "the earlier drafter"))
     out.append("| position | rounds | ECE before | ECE after | AUROC | T_k | paper ECE before → after |")
     out.append("|---|---|---|---|---|---|---|")
     before, after = result["before"], result["after"]
@@ -261,7 +332,7 @@ def section_calibration(out: list[str], figures: Path) -> None:
     out.append("")
     _figure_reliability(result, figures)
     out.append("![Reliability diagrams](figures/reliability.png)\n")
-    out.append("*Figure 3 (the paper's Fig. 6). Reliability of the survival a_k at the first four positions, "
+    out.append("*Figure 4 (the paper's Fig. 6). Reliability of the survival a_k at the first four positions, "
                "before (raw head) and after STS, on the evaluation rounds; marker area grows with the bin's count. "
                "The diagonal is perfect calibration. Later positions have almost no accepted rounds here.*\n")
 
@@ -301,7 +372,7 @@ def _figure_reliability(result, figures: Path) -> None:
 
 
 def section_scheduler(out: list[str], figures: Path) -> None:
-    out.append("## 4. The scheduler: throughput against load, and Appendix A\n")
+    out.append("## 5. The scheduler: throughput against load, and Appendix A\n")
     result = load("scheduler")
     if result is None:
         out.append("*Not measured yet: run `python benchmarks/bench_sps.py`, then `benchmarks/bench_scheduler.py`.*\n")
@@ -319,6 +390,7 @@ def section_scheduler(out: list[str], figures: Path) -> None:
                    f"{num(result['threshold'], 'g')}; {num(result['steps'], 'd')} steps per point. Drafting time is "
                    "not charged, as in the paper's "
                    f"objective. Replay run on {machine(result)}.\n")
+        out.append(stale_note(result, "the earlier drafter's rounds (the trained pool and the whole decodes)"))
         replay = result["replay"]
         for (table, pool) in dict.fromkeys((r["sps"], r["pool"]) for r in replay):
             cells = [r for r in replay if r["sps"] == table and r["pool"] == pool]
@@ -335,7 +407,7 @@ def section_scheduler(out: list[str], figures: Path) -> None:
             out.append(_scheduler_verdict(cells, top) + "\n")
         _figure_scheduler(replay, figures)
         out.append("![Throughput against load](figures/scheduler.png)\n")
-        out.append("*Figure 4. Realised tokens/s against concurrency for each policy (solid: Algorithm 1 and "
+        out.append("*Figure 5. Realised tokens/s against concurrency for each policy (solid: Algorithm 1 and "
                    "production; dotted: fixed lengths; dashed: threshold), per SPS table and round pool. fixed-0 is "
                    "no speculation. The vLLM re-measurement of the paper's scheduler found adaptive verification "
                    f"{quote(5, 'd')}–{quote(10, 'd')}% ahead of the best fixed length up to concurrency "
@@ -425,18 +497,24 @@ def _figure_scheduler(replay, figures: Path) -> None:
 
 
 def section_speed(out: list[str], figures: Path) -> None:
-    out.append("## 5. Speed and memory\n")
+    out.append("## 6. Speed and memory\n")
     e2e = load("e2e_cpu")
     if e2e is not None:
-        trained = "a trained" if e2e["drafter_trained"] else "an untrained"
-        out.append(f"**End to end on this CPU** (`benchmarks/bench_e2e.py`): greedy decoding with {trained} DSpark "
-                   f"drafter, {num(e2e['max_new_tokens'], 'd')} new tokens, measured on {machine(e2e)}:\n")
-        out.append("| batch | target only (tok/s) | speculative (tok/s) | speedup | τ | outputs identical |")
-        out.append("|---|---|---|---|---|---|")
+        out.append(f"**End to end on this CPU** (`benchmarks/bench_e2e.py`): greedy decoding of "
+                   f"{num(e2e['rows'][0]['prompts'], 'd')} held-out prompts with the shipped DSpark drafter, every "
+                   f"drafted slot verified, {num(e2e['max_new_tokens'], 'd')} new tokens, measured on {machine(e2e)}. "
+                   "A round's parts are in units of one plain decoding step of the target at the same batch:\n")
+        out.append("| batch | target only (tok/s) | speculative (tok/s) | speedup | τ | round (target steps) | draft "
+                   "| verify forward | verification | other | outputs identical |")
+        out.append("|---|---|---|---|---|---|---|---|---|---|---|")
         for r in e2e["rows"]:
+            parts = r["round_parts_in_target_steps"]
+            other = parts["schedule"] + parts["bookkeeping"]
             out.append(f"| {num(r['batch'], 'd')} | {num(r['target_only_tokens_per_s'], '.1f')} | "
                        f"{num(r['speculative_tokens_per_s'], '.1f')} | {num(r['speedup'], '.2f')}× | "
-                       f"{num(r['tau'])} | {'yes' if r['identical_outputs'] else 'no'} |")
+                       f"{num(r['tau'])} | {num(r['round_in_target_steps'], '.2f')} | {num(parts['draft'], '.2f')} | "
+                       f"{num(parts['target'], '.2f')} | {num(parts['verify'], '.2f')} | {num(other, '.2f')} | "
+                       f"{'yes' if r['identical_outputs'] else 'no'} |")
         out.append("")
     kernels = load("kernels_cpu")
     if kernels is not None:
@@ -472,11 +550,13 @@ def section_speed(out: list[str], figures: Path) -> None:
             out.append(f"| {r['op']} | {num(r['requests'], 'd')} | {num(r['triton_ms'])} | {num(r['torch_ms'])} | "
                        f"{ratio}× | {num(100 * r['triton_peak_fraction'], '.1f')}% | {mem} |")
         out.append("")
-        out.append(_kernel_verdict(gpu["rows"]) + " Why we think the slow ones are slow: PyTorch's attention calls "
-                   "a tuned SDPA kernel while ours upcasts K and V to fp32 before its dot products; the Markov "
-                   "sampler scans the whole vocabulary once per drafted slot in one program per request, so few "
-                   "multiprocessors work; and the scheduler kernels rank by pairwise counts, which grows as the "
-                   "square of R·γ. They are correct at these shapes on this card; making them fast is open work.\n")
+        out.append(_kernel_verdict(gpu["rows"]) + " Block attention feeds bf16 tiles to the tensor cores (wgmma on "
+                   "this card) with fp32 accumulation. Why we think the slow ones are slow: the Markov sampler scans "
+                   "the whole vocabulary once per drafted slot in one program per request, so few multiprocessors "
+                   "work; the scheduler kernels rank by pairwise counts, which grows as the square of R·γ; the "
+                   "fused loss computes its vocabulary products in fp32 outside the kernel while the PyTorch loss "
+                   "now runs them on bf16 operands. Making those fast is open work.\n")
+    _section_compile_matrix(out)
     training = [t for t in (load("training_cpu_default"), load("training_cuda_paper")) if t is not None]
     if training:
         out.append("**Training step memory and throughput** (`benchmarks/bench_training.py`): the same drafter and "
@@ -526,7 +606,7 @@ def _section_sps(out: list[str], figures: Path) -> None:
             ax.legend(fontsize=7)
     _save(fig, figures, "sps.png")
     out.append("![SPS profiles](figures/sps.png)\n")
-    out.append("*Figure 5. Verify-pass latency against tokens per pass, the SPS tables the scheduler plans with. "
+    out.append("*Figure 6. Verify-pass latency against tokens per pass, the SPS tables the scheduler plans with. "
                "The GPU curve for SmolLM2-135M is flat apart from noise (launch-bound eager PyTorch): on that "
                "target a GPU pass costs the same whatever the verify length. The first Qwen3-8B points are slower "
                "than the next ones, a warm-up artifact of one short run (one warm-up pass per point); the "
@@ -534,8 +614,37 @@ def _section_sps(out: list[str], figures: Path) -> None:
                "planned curve at small B instead of bending it.*\n")
 
 
+def _section_compile_matrix(out: list[str]) -> None:
+    matrices = [m for m in (load("compile_matrix_triton3.9"), load("compile_matrix_triton3.6")) if m is not None]
+    if not matrices:
+        return
+    out.append("**Ahead-of-time compilation for Hopper and Blackwell** (`benchmarks/compile_matrix.py`, no GPU "
+               "needed): every kernel, with every config its launcher would pick at the paper's shapes, compiled "
+               "for sm_90 (H100/H200), sm_100 (B200/GB200) and sm_103 (GB300); registers and spills from `ptxas -v`, "
+               "shared memory from the compiled kernel, tensor-core instructions read from the PTX. Worst cell per "
+               "kernel and architecture:\n")
+    out.append("| Triton | kernel | arch | configs | compiled | max registers | max spill (bytes) | max shared (KiB) "
+               "| tensor cores |")
+    out.append("|---|---|---|---|---|---|---|---|---|")
+    for m in matrices:
+        groups = dict.fromkeys((r["kernel"], r["arch"]) for r in m["rows"])
+        for kernel, arch in groups:
+            cells = [r for r in m["rows"] if r["kernel"] == kernel and r["arch"] == arch]
+            ok = [r for r in cells if r["compiled"]]
+            cores = {i for r in ok for i in ("wgmma", "tcgen05", "mma_sync") if r["instructions"][i]}
+            out.append(f"| {m['triton']} | {kernel} | {arch} | {num(len(cells), 'd')} | {num(len(ok), 'd')} | "
+                       f"{num(max(r['registers'] for r in ok), 'd')} | {num(max(r['spill_bytes'] for r in ok), 'd')} | "
+                       f"{num(max(r['shared_bytes'] for r in ok) / 1024, '.0f')} | {', '.join(sorted(cores)) or '-'} |")
+    out.append("")
+    out.append("Every listed config compiles within shared memory for all three architectures, and attention "
+               "reaches the tensor cores on each (wgmma, tcgen05). Several kernels spill registers at these "
+               "shapes, on Blackwell most: the Markov sampler and the scheduler hold whole-vocabulary or "
+               "pairwise tiles per program, and attention's 64-row tiles carry 64-bit address tensors. No speed "
+               "is claimed for Blackwell: no Blackwell GPU ran these kernels.\n")
+
+
 def section_limits(out: list[str]) -> None:
-    out.append("## 6. Limits: what did not reproduce, and why we think so\n")
+    out.append("## 7. Limits: what did not reproduce, and why we think so\n")
     out.append("- The drafters are tiny (one draft layer, a low-rank Markov head) and trained for minutes on a CPU "
                "on the "
                f"target-answered ShareGPT sequences of §1; the paper trains five-layer drafters on {quote(1.3)} M "
@@ -575,6 +684,7 @@ def build() -> str:
            "beside them.\n"]
     figures = PAPER / "figures"
     section_acceptance(out, figures)
+    section_training(out, figures)
     section_sweeps(out, figures)
     section_calibration(out, figures)
     section_scheduler(out, figures)
