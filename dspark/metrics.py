@@ -100,4 +100,6 @@ class AcceptanceStats:
             "accepted_per_round_no_bonus_dflash": self.accepted_per_round_no_bonus,
             "conditional_acceptance": self.conditional.tolist(),
             "unconditional_acceptance": self.unconditional.tolist(),
+            "reached_by_position": self.reached.tolist(),
+            "accepted_by_position": self.accepted_at.tolist(),
         }
