@@ -12,6 +12,7 @@ target on a few held-out prompts, measured here in one run. Writes ``training_re
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import sys
 from pathlib import Path
@@ -43,6 +44,9 @@ def main(argv=None) -> int:
             arms[objective] = {k: meta.get(k) for k in ("steps", "train_sequences", "held_out_sequences",
                                                          "train_answer_tokens", "vocab", "curve", "final", "sts")}
             arms[objective]["run"] = meta.get("run")
+            # When training wrote the drafter: results measured before it used an earlier drafter.
+            written = datetime.datetime.fromtimestamp(path.stat().st_mtime, datetime.timezone.utc)
+            arms[objective]["written_at"] = written.isoformat(timespec="seconds")
     if not arms:
         raise SystemExit("no trained drafters in the cache: run `python -m dspark train --config ...` first")
     corpus_dir = cache_root() / "training" / f"corpus-bf16-{recipe.get('max_new_tokens', 192)}"

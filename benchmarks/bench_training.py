@@ -15,7 +15,7 @@ Peak memory is the process's peak resident set on the CPU (``ru_maxrss``, measur
 before the first step) and ``torch.cuda.max_memory_allocated`` above the same baseline on a GPU.
 Tokens/s counts the block slots trained per second (anchors × γ per sequence), median over timed steps.
 
-    python benchmarks/bench_training.py --device cpu --scale default
+    python benchmarks/bench_training.py --device cpu --scale default   # or --scale recipe
     python benchmarks/bench_training.py --device cuda --scale paper
 """
 
@@ -42,6 +42,9 @@ from benchmarks.environment import write_result  # noqa: E402
 SCALES = {
     "default": dict(hidden=576, heads=9, kv_heads=3, intermediate=1536, vocab=49152, target_layers=30, rank=32,
                     anchors=32, sequences=2, seq_len=320),
+    # the committed recipe's step (benchmarks/recipes/smollm2_drafter.json), at the corpus's mean length
+    "recipe": dict(hidden=576, heads=9, kv_heads=3, intermediate=1536, vocab=49152, target_layers=30, rank=32,
+                   anchors=48, sequences=4, seq_len=227),
     "paper": dict(hidden=4096, heads=32, kv_heads=8, intermediate=12288, vocab=151936, target_layers=36, rank=256,
                   anchors=512, sequences=1, seq_len=4096),
 }
