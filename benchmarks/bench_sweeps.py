@@ -34,6 +34,7 @@ def run(steps: int, objectives: list[str]) -> dict:
             out = cache_root() / "sweeps" / f"{objective}-layers{layers}-block{gamma}-steps{steps}"
             start = time.perf_counter()
             if not (out / "config.json").exists():
+                # The committed recipe's data and settings; only depth, block length and steps vary.
                 train_default_drafter(out, objective=objective, steps=steps, num_draft_layers=layers,
                                       block_size=gamma, calibrate=False)
             meta = json.loads((out / "config.json").read_text(encoding="utf-8"))["metadata"]

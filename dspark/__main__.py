@@ -77,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("--block-size", type=int, default=None, help="γ, the block (or chain) length (default 7)")
     train.add_argument("--steps", type=int, default=None, help="default 1200")
     train.add_argument("--prompts", type=int, default=None,
-                       help="ShareGPT prompts answered by the target (default: all, about 7,700)")
+                       help="size of the ShareGPT prompt pool (default: all, about 7,700); the recipe's "
+                            "corpus_samples (3,072) of them are answered, in a seeded shuffle")
     train.add_argument("--output", default=None, help="default: the cache the demo reads")
     export = sub.add_parser("export", help="write a trained drafter in the speculators format vLLM serves")
     export.add_argument("--drafter", default=None, help="dspark drafter directory (default: the demo's)")
