@@ -12,6 +12,11 @@ tcgen05.mma, mma.sync, TMA ``cp.async.bulk.tensor``).
     python benchmarks/compile_matrix.py [--out benchmarks/results]
 
 Nothing is launched; speed stays unclaimed until hardware runs it.
+
+TMA (tensor descriptors) is not used by any kernel yet, so the ``tma`` column is false everywhere. We chose
+not to for now: every load is masked by a ragged length (context rows, vocabulary tails, request counts),
+device-side descriptors need an allocator hook on both Triton versions we support, and what the matrix
+shows holding the kernels back is register pressure and per-request serial scans, not load latency.
 """
 
 from __future__ import annotations

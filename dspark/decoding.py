@@ -25,7 +25,7 @@ import torch
 from dspark._checks import check_sampling
 from dspark.metrics import AcceptanceStats
 from dspark.sampling import sample_from_probs, warp_logits
-from dspark.scheduler import FixedLength, Scheduler
+from dspark.scheduler import FixedLength, Scheduler, SPSTable
 from dspark.verify import verify
 
 
@@ -158,11 +158,12 @@ def sample(logits: torch.Tensor, config: SamplingConfig, generator: torch.Genera
 
 
 @torch.no_grad()
-def profile_verify_sps(target, max_tokens: int, *, context: int = 64, repeats: int = 3):
+def profile_verify_sps(target, max_tokens: int, *, context: int = 64, repeats: int = 3) -> SPSTable:
     """The target's SPS table for one request verifying 1 … ``max_tokens`` tokens over ``context`` cached ones.
 
     What an engine profiles once at start-up for :class:`dspark.scheduler.PrefixScheduler` at batch 1: each
-    pass is fed, timed and rolled back, so every repeat sees the same cache.
+    pass is fed, timed and rolled back (its cache slots masked out), so every pass attends to the same
+    ``context`` committed tokens.
     """
     from dspark.scheduler import profile_sps
 
