@@ -1,6 +1,6 @@
 """A training corpus answered by the target itself, with its features captured while it answers.
 
-Drafters learn to predict what the target would say (on-policy data, see ``docs/method.md``), from the
+Drafters learn to predict what the target would say (on-policy data, paper/method.md §3), from the
 target's hidden states at the same positions. Both come out of one pass: while the target answers a batch
 of prompts greedily with its KV cache, the taps and final-normed hidden state of every token it reads are
 kept, so no second forward over the answers is needed.
@@ -14,7 +14,8 @@ kept, so no second forward over the answers is needed.
 * Each sample is one file ``{index:06d}.safetensors`` in the layout of :class:`dspark.training.OfflineFeatures`
   (``hidden_states [S, taps + 1, H]`` in bf16, ``token_ids``, ``loss_mask``), written atomically; a rerun
   skips every sample already on disk, so the corpus resumes after an interruption.
-* ``max_bytes`` bounds the cache on disk: regeneration stops, and says so, before it would pass it.
+* ``max_bytes`` bounds the cache on disk: regeneration stops, and says so, after the batch that reaches it;
+  ``max_samples`` answers only a prefix of the shuffled order (a budget a later call can extend).
 """
 
 from __future__ import annotations
