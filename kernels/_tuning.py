@@ -1,8 +1,9 @@
 """Launch configurations per architecture, pruned by what fits, and forced to one config in tests.
 
 Each kernel lists configs for Hopper (sm_90) and Blackwell (sm_100 / sm_103, GB300). The Blackwell lists
-were never run on Blackwell hardware: they are labelled ``unmeasured`` and chosen by the same rules as
-the Hopper ones (larger tiles where the 228 KB of shared memory and the 5th-gen tensor cores allow it).
+were never run on Blackwell hardware: each config's ``label`` says what the ahead-of-time compile matrix
+(``benchmarks/compile_matrix.py``) found for it at the paper's shapes (registers, spills, shared memory,
+tcgen05), and the lists are ordered by it; no speed is claimed for them.
 A config is a plain dict: block sizes (kernel constexprs) plus ``num_warps`` and ``num_stages``.
 
 Selection (:func:`launch`): under the Triton interpreter, or when ``DSPARK_FORCE_CONFIG=first`` (the test
@@ -18,8 +19,6 @@ import os
 from collections.abc import Callable
 
 import torch
-
-UNMEASURED = "unmeasured"  # label for configs that were never run on their architecture
 
 _chosen: dict[tuple, dict] = {}
 

@@ -24,7 +24,9 @@ MODE_EARLY_STOP, MODE_ARGMAX, MODE_TOP_K = 0, 1, 2
 CONFIGS = {
     "interpreter": [dict(CHUNK_R=2, num_warps=1, num_stages=1)],
     "sm90": [dict(CHUNK_R=4, num_warps=8, num_stages=1), dict(CHUNK_R=2, num_warps=4, num_stages=1)],
-    "sm100": [dict(CHUNK_R=4, num_warps=8, num_stages=1, label="unmeasured")],
+    "sm100": [dict(CHUNK_R=4, num_warps=8, num_stages=1,
+                   label="compiled sm_100/sm_103 (Triton 3.9, R = 256): 40 regs, 58264 B spill (pairwise ranking); "
+                         "never run")],
     "other": [dict(CHUNK_R=2, num_warps=4, num_stages=1)],
 }
 
