@@ -29,7 +29,8 @@ from pathlib import Path
 
 import torch
 
-from dspark.training import Sample
+from dspark.io import atomic_write_text
+from dspark.training import Sample, write_feature_file
 
 
 @dataclass
@@ -53,17 +54,11 @@ def sample_path(directory: Path, index: int) -> Path:
 
 def _write_sample(directory: Path, index: int, token_ids: list[int], prompt_len: int, taps: torch.Tensor,
                   hidden: torch.Tensor, dtype: torch.dtype) -> int:
-    import safetensors.torch
-
-    from dspark.io import atomic_write
-
-    ids = torch.tensor(token_ids, dtype=torch.long)
-    mask = torch.zeros(len(token_ids), dtype=torch.uint8)
-    mask[prompt_len:] = 1
-    states = torch.cat([taps.reshape(taps.shape[0], -1, hidden.shape[-1]), hidden[:, None]], 1)
-    tensors = {"hidden_states": states.to(dtype).contiguous(), "token_ids": ids, "loss_mask": mask}
-    atomic_write(sample_path(directory, index), lambda tmp: safetensors.torch.save_file(tensors, tmp))
-    return sample_path(directory, index).stat().st_size
+    mask = torch.zeros(len(token_ids), dtype=torch.bool)
+    mask[prompt_len:] = True
+    path = sample_path(directory, index)
+    write_feature_file(path, Sample(torch.tensor(token_ids, dtype=torch.long), mask), taps, hidden, dtype=dtype)
+    return path.stat().st_size
 
 
 @torch.no_grad()
@@ -144,7 +139,7 @@ def build_corpus(target, prompts: list[str] | list[list[int]], directory: str | 
             raise ValueError(f"{directory} holds a corpus made with other settings ({recorded.get('settings')}); "
                              "use another directory")
     else:
-        _write_json(manifest, {"settings": settings, "runs": []})
+        atomic_write_text(manifest, json.dumps({"settings": settings, "runs": []}, indent=2) + "\n")
     order = corpus_order(len(prompts), seed)[:max_samples]
     todo = [i for i in order if not sample_path(directory, i).exists()]
     used = sum(p.stat().st_size for p in directory.glob("*.safetensors"))
@@ -193,7 +188,7 @@ def build_corpus(target, prompts: list[str] | list[list[int]], directory: str | 
         recorded["runs"].append({"samples_written": report.samples_written, "answer_tokens": report.answer_tokens,
                                  "seconds": round(report.seconds, 1), "batch_size": batch_size,
                                  "stopped_by_budget": report.stopped_by_budget})
-        _write_json(manifest, recorded)
+        atomic_write_text(manifest, json.dumps(recorded, indent=2) + "\n")
     if report.stopped_by_budget:
         print(f"corpus: stopped at {used / 2**30:.1f} GiB, the max_bytes budget; "
               f"{report.samples_total} of {len(prompts)} prompts answered")
@@ -249,13 +244,3 @@ def _digest(prompts: list[str] | list[list[int]]) -> str:
         h.update(p.encode("utf-8") if isinstance(p, str) else repr(list(p)).encode("ascii"))
         h.update(b"\0")
     return h.hexdigest()[:16]
-
-
-def _write_json(path: Path, data: dict) -> None:
-    from dspark.io import atomic_write
-
-    def write(tmp: str) -> None:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(json.dumps(data, indent=2) + "\n")
-
-    atomic_write(path, write)

@@ -132,8 +132,6 @@ def target_features(target, token_ids: torch.Tensor) -> tuple[torch.Tensor, torc
 def write_offline_features(target, samples: list[Sample], directory: str | os.PathLike, *,
                            dtype: torch.dtype = torch.bfloat16, progress: bool = True) -> Path:
     """One ``{index:06d}.safetensors`` per sample; resumable: files already present and valid are kept."""
-    import safetensors.torch
-
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     source = OfflineFeatures(directory, target.tap_layers, target.hidden_size)
@@ -150,14 +148,22 @@ def write_offline_features(target, samples: list[Sample], directory: str | os.Pa
                 continue
             except Exception:  # unreadable, truncated or for other tokens: compute it again
                 path.unlink()
-        taps, hidden = target_features(target, samples[i].token_ids)
-        stacked = torch.cat([taps.view(taps.shape[0], len(target.tap_layers), -1), hidden[:, None]], 1)
-        tmp = path.with_suffix(".tmp")
-        safetensors.torch.save_file({"hidden_states": stacked.to(dtype).contiguous(),
-                                     "token_ids": samples[i].token_ids.contiguous(),
-                                     "loss_mask": samples[i].loss_mask.to(torch.uint8).contiguous()}, tmp)
-        os.replace(tmp, path)
+        write_feature_file(path, samples[i], *target_features(target, samples[i].token_ids), dtype=dtype)
     return directory
+
+
+def write_feature_file(path: str | os.PathLike, sample: Sample, taps: torch.Tensor, hidden: torch.Tensor, *,
+                       dtype: torch.dtype = torch.bfloat16) -> None:
+    """One sample in :class:`OfflineFeatures`' layout, atomically: ``hidden_states [S, taps + 1, H]`` (the taps
+    ``[S, taps·H]`` then the final hidden state ``[S, H]``), ``token_ids`` and ``loss_mask``."""
+    import safetensors.torch
+
+    from dspark.io import atomic_write
+
+    stacked = torch.cat([taps.reshape(taps.shape[0], -1, hidden.shape[-1]), hidden[:, None]], 1)
+    tensors = {"hidden_states": stacked.to(dtype).contiguous(), "token_ids": sample.token_ids.contiguous(),
+               "loss_mask": sample.loss_mask.to(torch.uint8).contiguous()}
+    atomic_write(path, lambda tmp: safetensors.torch.save_file(tensors, tmp))
 
 
 class OfflineFeatures(FeatureSource):
