@@ -39,16 +39,17 @@ ARCHS = {"sm_90": (90, "sm90", 232448), "sm_100": (100, "sm100", 232448), "sm_10
 KERNEL_MODULES = ("attention", "markov", "confidence", "rejection", "scheduler", "loss")
 INSTRUCTIONS = {"wgmma": r"\bwgmma\.mma_async", "tcgen05": r"\btcgen05\.mma", "mma_sync": r"\bmma\.sync",
                 "tma": r"cp\.async\.bulk\.tensor"}
-DOT_KERNELS = {"block_attention"}  # kernels whose launch configs feed tl.dot: they must reach the tensor cores
-
-
-class _Captured(Exception):
-    pass
+# Kernels whose products run through tl.dot on bf16 at these shapes (given their constexprs): they must reach
+# the tensor cores. The Markov sampler's probs kernel reads top-k/top-p scratch instead of recomputing the bias,
+# and writes a one-hot when greedy.
+DOT_KERNELS = {"block_attention": lambda c: True, "markov_stats": lambda c: c["HAS_MARKOV"],
+               "markov_probs": lambda c: c["HAS_MARKOV"] and not c["GREEDY"] and not c["SCRATCH"]}
 
 
 @contextlib.contextmanager
 def intercepted_launches(record: list):
-    """Every kernel module's ``launch`` records its call and stops the launcher there."""
+    """Every kernel module's ``launch`` records its call instead of launching (the launcher runs on, so a
+    launcher of several kernels records each of them; nothing it returns is meaningful)."""
     modules = [importlib.import_module(f"dspark.kernels.{name}") for name in KERNEL_MODULES]
     saved = [m.launch for m in modules]
     attention = importlib.import_module("dspark.kernels.attention")
@@ -56,7 +57,6 @@ def intercepted_launches(record: list):
 
     def capture(name, kernel, grid, args, constexprs, *, device, table, key, fits=lambda c: True, tunable=True):
         record.append(dict(name=name, kernel=kernel, args=args, constexprs=constexprs, table=table, fits=fits))
-        raise _Captured
 
     try:
         for m in modules:
@@ -128,6 +128,7 @@ def _paper_cases():
                                ce_weight=0.1, l1_weight=0.9, confidence_weight=1.0)
 
     return [("block_attention bf16 decode (R=64, ctx 4096)", attention_decode),
+            ("markov T=1 (R=64)", markov_case(temperature=1.0)),
             ("markov T=1 top-k top-p (R=64)", markov_case(temperature=1.0, top_k=20, top_p=0.9)),
             ("markov greedy (R=64)", markov_case(temperature=0.0)),
             ("confidence (R=256)", confidence_case),
@@ -212,19 +213,20 @@ def build_matrix(archs=tuple(ARCHS)) -> list[dict]:
     for case, run in _paper_cases():
         record: list = []
         with intercepted_launches(record):
-            try:
-                run()
-            except _Captured:
-                pass
+            run()
         if not record:
             raise RuntimeError(f"{case}: the launcher returned without launching")
-        capture = record[0]
-        for arch in archs:
-            configs = [c for c in capture["table"][ARCHS[arch][1]] if capture["fits"](c)]
+        captures: dict[str, dict] = {}
+        for launched in record:  # a kernel launched once per slot is compiled once
+            captures.setdefault(launched["name"], launched)
+        for capture, arch in ((c, a) for c in captures.values() for a in archs):
+            table = capture["table"]
+            configs = [c for c in table.get(ARCHS[arch][1], table["other"]) if capture["fits"](c)]
             for config in configs:
                 cell = compile_cell(capture, config, arch)
                 rows.append({"kernel": capture["name"], "case": case, "arch": arch,
-                             "has_products": capture["name"] in DOT_KERNELS, **cell})
+                             "has_products": DOT_KERNELS.get(capture["name"], lambda c: False)(capture["constexprs"]),
+                             **cell})
                 status = "ok" if cell["compiled"] else "FAILED"
                 extra = (f"{cell.get('registers')} regs, {cell.get('spill_bytes')} B spill, "
                          f"{cell.get('shared_bytes', 0) / 1024:.0f} KiB smem, "

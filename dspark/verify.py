@@ -19,11 +19,14 @@ import torch
 
 from dspark._checks import check_tensor, check_token_range, check_uniforms
 from dspark.backend import resolve_backend
-from dspark.sampling import sample_from_probs
+from dspark.sampling import FIXED_POINT_ONE, fixed_point, sample_from_probs
 
 # Below this mass the residual max(0, p − q) is rounding noise: draw from p instead. A rejection happens
 # with probability TV(p, q) = residual mass, so the fallback moves the output distribution by < 1e-6.
+# The test compares the residual's fixed-point mass (dspark.sampling) with RESIDUAL_EPS_FIXED, so every
+# tier makes the same choice whatever order it sums in.
 RESIDUAL_EPS = 1e-6
+RESIDUAL_EPS_FIXED = int(RESIDUAL_EPS * FIXED_POINT_ONE)
 
 NOT_REACHED, REJECTED, ACCEPTED = -1, 0, 1
 
@@ -120,7 +123,7 @@ def _verify_torch(draft_tokens, draft_probs, target_probs, verify_len, accept_un
     target_row = target_probs[rows, num_accepted].to(compute)  # p_n: predicts the token after x_n
     draft_row = draft_probs[rows, reject_slot].to(compute)
     residual = (target_row - draft_row).clamp(min=0)
-    use_residual = rejected & (residual.sum(-1) > RESIDUAL_EPS)
+    use_residual = rejected & (fixed_point(residual).sum(-1) > RESIDUAL_EPS_FIXED)
     final_dist = torch.where(use_residual[:, None], residual, target_row)
     next_token = sample_from_probs(final_dist, final_uniforms.to(compute))
     next_token = torch.where(ended_by_eos, torch.full_like(next_token, -1), next_token)

@@ -1,9 +1,16 @@
-"""Fused rejection sampler: ragged batched verification with residual and bonus sampling.
+"""Fused rejection sampler, parallel over the vocabulary: ragged batched verification with residual and
+bonus sampling.
 
-Mirrors ``dspark.reference.verify.verify``. One program per request: the acceptance tests walk the γ
-slots reading one probability of each distribution; then one vocabulary row (the residual
-``max(0, p_n − q_{n+1})`` or the target row ``p_n``) is streamed twice, once for its mass and once for
-the inverse-CDF draw.
+Mirrors ``dspark.reference.verify.verify`` in three launches:
+
+1. ``accept`` (one program per request): the acceptance tests walk the γ slots reading one probability of
+   each distribution, and fix the row the final token is drawn from (``p_n``, and ``q_{n+1}`` after a
+   rejection).
+2. ``mass`` (a program per request and vocabulary tile): the tile's fixed-point mass of the residual
+   ``max(0, p_n − q_{n+1})`` and of ``p_n``, read once.
+3. ``draw`` (one program per request): the residual is used iff its fixed-point mass exceeds
+   ``RESIDUAL_EPS`` (in the same integers in every tier); tile masses → prefix → the tile that holds
+   ``⌊u · total⌋`` → the scan inside it.
 """
 
 from __future__ import annotations
@@ -11,31 +18,29 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from dspark.kernels._sampling import inverse_cdf_tile
-from dspark.kernels._tuning import accumulator, empty_output, launch
+from dspark.kernels._sampling import draw_in_tile, draw_threshold, find_tile, fixed_point, tile_mass
+from dspark.kernels._tuning import accumulator, empty_output, launch, select_config
 
-from dspark.verify import RESIDUAL_EPS, VerifyOutput
+from dspark.verify import RESIDUAL_EPS_FIXED, VerifyOutput
 
 CONFIGS = {
     "interpreter": [dict(BLOCK_V=16, num_warps=1, num_stages=1)],
-    "sm90": [dict(BLOCK_V=2048, num_warps=8, num_stages=2), dict(BLOCK_V=1024, num_warps=4, num_stages=2)],
-    "sm100": [dict(BLOCK_V=4096, num_warps=8, num_stages=2,
-                   label="compiled sm_100/sm_103 (Triton 3.9, paper shapes): 128 regs, 0 B spill; never run"),
-              dict(BLOCK_V=2048, num_warps=8, num_stages=2,
-                   label="compiled sm_100/sm_103 (Triton 3.9, paper shapes): 80 regs, 0 B spill; never run")],
+    "sm90": [dict(BLOCK_V=2048, num_warps=8, num_stages=2, label="unmeasured"),
+             dict(BLOCK_V=1024, num_warps=4, num_stages=2, label="unmeasured")],
+    "sm100": [dict(BLOCK_V=2048, num_warps=8, num_stages=2, label="unmeasured"),
+              dict(BLOCK_V=1024, num_warps=4, num_stages=2, label="unmeasured")],
     "other": [dict(BLOCK_V=1024, num_warps=4, num_stages=1)],
 }
+BLOCK_T = 128  # tiles combined per step by the draw
 
 
 @triton.jit
-def _verify_kernel(
-    tokens_ptr, q_ptr, p_ptr, vlen_ptr, ua_ptr, uf_ptr,
-    num_acc_ptr, outcome_ptr, next_ptr, committed_ptr, num_committed_ptr, finished_ptr,
-    gamma, vocab, eos,
-    stride_tr, stride_qr, stride_qk, stride_pr, stride_pk, stride_ur, stride_or, stride_cr,
-    HAS_EOS: tl.constexpr, RESIDUAL_EPS: tl.constexpr, BLOCK_V: tl.constexpr, ACC: tl.constexpr,
+def _accept_kernel(
+    tokens_ptr, q_ptr, p_ptr, vlen_ptr, ua_ptr, num_acc_ptr, outcome_ptr, committed_ptr, state_ptr,
+    gamma, eos, stride_tr, stride_qr, stride_qk, stride_pr, stride_pk, stride_ur, stride_or, stride_cr,
+    HAS_EOS: tl.constexpr, ACC: tl.constexpr,
 ):
-    """Mirrors ``dspark.reference.verify.verify`` for request ``program_id(0)``."""
+    """Acceptance walk of request ``program_id(0)``; ``state[r] = (n, rejected, ended)``."""
     r = tl.program_id(0).to(tl.int64)
     verify_len = tl.load(vlen_ptr + r).to(tl.int32)
     n = tl.full([], 0, tl.int32)
@@ -59,34 +64,77 @@ def _verify_kernel(
             accepted = accepted * (1 - hit)
         alive = accepted
     tl.store(committed_ptr + r * stride_cr + gamma, -1)
-    rejected = (n < verify_len) & (ended == 0)
-    reject_slot = tl.minimum(n, gamma - 1).to(tl.int64)
-    p_row = p_ptr + r * stride_pr + n.to(tl.int64) * stride_pk
-    q_row = q_ptr + r * stride_qr + reject_slot * stride_qk
-    target_mass = tl.zeros([BLOCK_V], ACC)
-    residual_mass = tl.zeros([BLOCK_V], ACC)
-    for v0 in range(0, vocab, BLOCK_V):
-        offs = v0 + tl.arange(0, BLOCK_V)
-        mask = offs < vocab
-        p = tl.load(p_row + offs, mask=mask, other=0.0).to(ACC)
-        q = tl.load(q_row + offs, mask=mask, other=0.0).to(ACC)
-        target_mass += p
-        residual_mass += tl.maximum(p - q, 0.0)
-    residual_total = tl.sum(residual_mass, 0)
-    use_residual = rejected & (residual_total > RESIDUAL_EPS)
-    total = tl.where(use_residual, residual_total, tl.sum(target_mass, 0))
-    threshold = tl.load(uf_ptr + r).to(ACC) * total
-    carry = tl.full([], 0.0, ACC)
-    below = tl.full([], 0, tl.int64)
-    last_positive = tl.full([], 0, tl.int64)
-    for v0 in range(0, vocab, BLOCK_V):
-        offs = v0 + tl.arange(0, BLOCK_V)
-        mask = offs < vocab
-        p = tl.load(p_row + offs, mask=mask, other=0.0).to(ACC)
-        q = tl.load(q_row + offs, mask=mask, other=0.0).to(ACC)
-        x = tl.where(use_residual, tl.maximum(p - q, 0.0), p)
-        carry, below, last_positive = inverse_cdf_tile(x, offs, mask, carry, threshold, below, last_positive)
-    token = tl.minimum(below, last_positive)
+    tl.store(num_acc_ptr + r, n.to(tl.int64))
+    tl.store(state_ptr + r * 3, n.to(tl.int64))
+    tl.store(state_ptr + r * 3 + 1, ((n < verify_len) & (ended == 0)).to(tl.int64))
+    tl.store(state_ptr + r * 3 + 2, ended.to(tl.int64))
+
+
+@triton.jit
+def _final_row(p_ptr, q_ptr, state_ptr, r, offs, mask, gamma, stride_pr, stride_pk, stride_qr, stride_qk,
+               ACC: tl.constexpr):
+    """A tile of ``p_n`` and of the residual ``max(0, p_n − q_{n+1})`` of request r."""
+    n = tl.load(state_ptr + r * 3)
+    p = tl.load(p_ptr + r * stride_pr + n * stride_pk + offs, mask=mask, other=0.0).to(ACC)
+    q = tl.load(q_ptr + r * stride_qr + tl.minimum(n, gamma - 1) * stride_qk + offs, mask=mask, other=0.0).to(ACC)
+    return p, tl.maximum(p - q, 0.0)
+
+
+@triton.jit
+def _mass_kernel(
+    q_ptr, p_ptr, state_ptr, mass_ptr, last_ptr, gamma, vocab, num_tiles,
+    stride_pr, stride_pk, stride_qr, stride_qk,
+    BLOCK_V: tl.constexpr, ACC: tl.constexpr,
+):
+    """``mass[r, 0|1, tile]``: fixed-point masses of ``p_n`` and of the residual; ``last``: their last index of
+    positive mass."""
+    tile = tl.program_id(0)
+    r = tl.program_id(1).to(tl.int64)
+    offs = tile * BLOCK_V + tl.arange(0, BLOCK_V)
+    mask = offs < vocab
+    p, residual = _final_row(p_ptr, q_ptr, state_ptr, r, offs, mask, gamma, stride_pr, stride_pk, stride_qr,
+                             stride_qk, ACC)
+    target_mass, target_last = tile_mass(fixed_point(p), offs, mask)
+    residual_mass, residual_last = tile_mass(fixed_point(residual), offs, mask)
+    cell = r * 2 * num_tiles + tile
+    tl.store(mass_ptr + cell, target_mass)
+    tl.store(last_ptr + cell, target_last)
+    tl.store(mass_ptr + cell + num_tiles, residual_mass)
+    tl.store(last_ptr + cell + num_tiles, residual_last)
+
+
+@triton.jit
+def _draw_kernel(
+    q_ptr, p_ptr, state_ptr, mass_ptr, last_ptr, uf_ptr,
+    next_ptr, committed_ptr, num_committed_ptr, finished_ptr,
+    gamma, vocab, eos, num_tiles, stride_pr, stride_pk, stride_qr, stride_qk, stride_cr,
+    HAS_EOS: tl.constexpr, RESIDUAL_EPS_FIXED: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr,
+    ACC: tl.constexpr,
+):
+    """Correction or bonus token of request ``program_id(0)`` (−1 after an accepted EOS)."""
+    r = tl.program_id(0).to(tl.int64)
+    n = tl.load(state_ptr + r * 3)
+    rejected = tl.load(state_ptr + r * 3 + 1)
+    ended = tl.load(state_ptr + r * 3 + 2)
+    residual_total = tl.full([], 0, tl.int64)
+    target_total = tl.full([], 0, tl.int64)
+    for t0 in range(0, num_tiles, BLOCK_T):
+        offs = t0 + tl.arange(0, BLOCK_T)
+        mask = offs < num_tiles
+        target_total += tl.sum(tl.load(mass_ptr + r * 2 * num_tiles + offs, mask=mask, other=0), 0)
+        residual_total += tl.sum(tl.load(mass_ptr + (r * 2 + 1) * num_tiles + offs, mask=mask, other=0), 0)
+    use_residual = (rejected == 1) & (residual_total > RESIDUAL_EPS_FIXED)
+    which = use_residual.to(tl.int64)
+    total = tl.where(use_residual, residual_total, target_total)
+    threshold = draw_threshold(tl.load(uf_ptr + r), total)
+    tile, before, last = find_tile(mass_ptr + (r * 2 + which) * num_tiles, last_ptr + (r * 2 + which) * num_tiles,
+                                   num_tiles, threshold, BLOCK_T)
+    offs = tile * BLOCK_V + tl.arange(0, BLOCK_V)
+    mask = offs < vocab
+    p, residual = _final_row(p_ptr, q_ptr, state_ptr, r, offs, mask, gamma, stride_pr, stride_pk, stride_qr,
+                             stride_qk, ACC)
+    w = fixed_point(tl.where(use_residual, residual, p))
+    token = tl.minimum(tile * BLOCK_V + draw_in_tile(w, mask, before, threshold), last)
     token = tl.where(ended == 1, -1, token)
     if ended == 0:
         tl.store(committed_ptr + r * stride_cr + n, token)
@@ -94,8 +142,7 @@ def _verify_kernel(
     if HAS_EOS:
         finished = finished | (token == eos)
     tl.store(next_ptr + r, token)
-    tl.store(num_acc_ptr + r, n.to(tl.int64))
-    tl.store(num_committed_ptr + r, (n + 1 - ended).to(tl.int64))
+    tl.store(num_committed_ptr + r, n + 1 - ended)
     tl.store(finished_ptr + r, finished.to(tl.int8))
 
 
@@ -112,16 +159,30 @@ def verify(draft_tokens, draft_probs, target_probs, verify_len, accept_uniforms,
     num_committed = empty_output(num_requests, dtype=torch.long, device=device)
     finished = empty_output(num_requests, dtype=torch.int8, device=device)
     if num_requests:
-        args = (
-            draft_tokens, draft_probs, target_probs, verify_len.contiguous(), accept_uniforms,
-            final_uniforms.contiguous(),
-            num_accepted, outcome, next_token, committed, num_committed, finished,
-            gamma, vocab, -1 if eos_token_id is None else int(eos_token_id),
-            draft_tokens.stride(0), draft_probs.stride(0), draft_probs.stride(1), target_probs.stride(0),
-            target_probs.stride(1), accept_uniforms.stride(0), outcome.stride(0), committed.stride(0),
-        )
-        constexprs = dict(HAS_EOS=eos_token_id is not None, RESIDUAL_EPS=RESIDUAL_EPS,
-                          ACC=accumulator(draft_probs.dtype))
-        launch("verify", _verify_kernel, (num_requests,), args, constexprs, device=device, table=CONFIGS,
-               key=(vocab,))
+        # The mass and draw kernels must agree on the vocabulary tiling: both take the same (first) config.
+        num_tiles = triton.cdiv(vocab, select_config("verify", device, CONFIGS, lambda c: True, (vocab,))["BLOCK_V"])
+        acc = accumulator(draft_probs.dtype)
+        eos = -1 if eos_token_id is None else int(eos_token_id)
+        state = torch.empty(num_requests, 3, dtype=torch.long, device=device)
+        mass = torch.empty(num_requests, 2, num_tiles, dtype=torch.long, device=device)
+        last = torch.empty_like(mass)
+        p_strides = (target_probs.stride(0), target_probs.stride(1), draft_probs.stride(0), draft_probs.stride(1))
+        launch("verify_accept", _accept_kernel, (num_requests,),
+               (draft_tokens, draft_probs, target_probs, verify_len.contiguous(), accept_uniforms,
+                num_accepted, outcome, committed, state, gamma, eos,
+                draft_tokens.stride(0), draft_probs.stride(0), draft_probs.stride(1), target_probs.stride(0),
+                target_probs.stride(1), accept_uniforms.stride(0), outcome.stride(0), committed.stride(0)),
+               dict(HAS_EOS=eos_token_id is not None, ACC=acc),
+               device=device, table={"other": [dict(num_warps=1, num_stages=1)]}, key=(vocab,), tunable=False)
+        launch("verify_mass", _mass_kernel, (num_tiles, num_requests),
+               (draft_probs, target_probs, state, mass, last, gamma, vocab, num_tiles, *p_strides),
+               dict(ACC=acc), device=device, table=CONFIGS, key=(vocab,), tunable=False)
+        launch("verify_draw", _draw_kernel, (num_requests,),
+               (draft_probs, target_probs, state, mass, last, final_uniforms.contiguous(),
+                next_token, committed, num_committed, finished, gamma, vocab, eos, num_tiles, *p_strides,
+                committed.stride(0)),
+               dict(HAS_EOS=eos_token_id is not None, RESIDUAL_EPS_FIXED=RESIDUAL_EPS_FIXED, BLOCK_T=BLOCK_T,
+                    ACC=acc),
+               device=device, table=CONFIGS, key=(vocab,), tunable=False)
     return VerifyOutput(num_accepted, outcome, next_token, committed, num_committed, finished.bool())
+

@@ -6,6 +6,8 @@ import math
 
 import torch
 
+from dspark.sampling import FIXED_POINT_ONE, top_p_threshold
+
 
 def warp_row(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None) -> torch.Tensor:
     """Sampled distribution of one row ``[V]`` (see ``dspark.sampling.warp_logits`` for the rules)."""
@@ -29,21 +31,28 @@ def warp_row(logits: torch.Tensor, temperature: float, top_k: int | None, top_p:
     total = sum(weights)
     probs = [w / total for w in weights]
     if top_p is not None and top_p < 1:
-        # Token v stays iff the mass of strictly more probable tokens is below top_p.
+        # Token v stays iff the fixed-point mass of strictly more probable tokens is below top_p's.
+        fixed = [fixed_point_mass(p) for p in probs]
         kept = []
         for v in range(vocab):
-            more_probable = sum(p for p in probs if p > probs[v])
-            kept.append(probs[v] > 0 and more_probable < top_p)
+            more_probable = sum(m for p, m in zip(probs, fixed) if p > probs[v])
+            kept.append(probs[v] > 0 and more_probable < top_p_threshold(top_p))
         total = sum(p for p, k in zip(probs, kept) if k)
         probs = [p / total if k else 0.0 for p, k in zip(probs, kept)]
     return torch.tensor(probs, dtype=logits.dtype)
 
 
+def fixed_point_mass(p: float) -> int:
+    """``⌊p · 2^48⌋`` (exact: scaling a float by a power of two only moves its exponent)."""
+    return int(p * FIXED_POINT_ONE)
+
+
 def sample_row(probs: torch.Tensor, u: float) -> int:
-    """Inverse CDF of one row: first v with cumulative weight > u · total, else the last positive one."""
-    weights = [float(p) for p in probs]
-    threshold = u * sum(weights)
-    running = 0.0
+    """Inverse CDF of one row in fixed point: first v whose integer cumulative mass exceeds ⌊u · total⌋,
+    else (u · total rounded up to total) the last v with mass."""
+    weights = [fixed_point_mass(float(p)) for p in probs]
+    threshold = int(u * float(sum(weights)))
+    running = 0
     for v, w in enumerate(weights):
         running += w
         if running > threshold:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import torch
-from dspark.reference.sampling import sample_row
+from dspark.reference.sampling import fixed_point_mass, sample_row
 
-from dspark.verify import ACCEPTED, NOT_REACHED, REJECTED, RESIDUAL_EPS, VerifyOutput
+from dspark.verify import ACCEPTED, NOT_REACHED, REJECTED, RESIDUAL_EPS_FIXED, VerifyOutput
 
 
 def verify(draft_tokens, draft_probs, target_probs, verify_len, accept_uniforms, final_uniforms, *, eos_token_id):
@@ -42,7 +42,7 @@ def verify(draft_tokens, draft_probs, target_probs, verify_len, accept_uniforms,
         dist = target_row
         if rejected:
             residual = [max(0.0, t - float(d)) for t, d in zip(target_row, draft_probs[r, n])]
-            if sum(residual) > RESIDUAL_EPS:
+            if sum(fixed_point_mass(x) for x in residual) > RESIDUAL_EPS_FIXED:
                 dist = residual
         token = sample_row(torch.tensor(dist, dtype=torch.float64), float(final_uniforms[r]))
         next_token[r] = token

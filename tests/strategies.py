@@ -28,24 +28,42 @@ def attention_inputs(draw, dtype=torch.float64):
     )
 
 
+# Logit scales: "flat" makes every logit equal (exact ties everywhere), "peaked" puts nearly all mass on one
+# token, "normal" is in between.
+LOGIT_SCALES = {"flat": 0.0, "normal": 1.0, "peaked": 30.0}
+# Draws that land exactly on cumulative masses when the weights are equal (1/4, 1/2, 3/4 of the total).
+BOUNDARY_DRAWS = torch.tensor([0.25, 0.5, 0.75], dtype=torch.float64)
+
+
+def logits_like(draw, gen, *shape) -> torch.Tensor:
+    """Random logits of a drawn scale (see ``LOGIT_SCALES``)."""
+    scale = LOGIT_SCALES[draw(st.sampled_from(sorted(LOGIT_SCALES)))]
+    return torch.randn(*shape, generator=gen, dtype=torch.float64) * scale
+
+
+def uniforms_like(draw, gen, *shape) -> torch.Tensor:
+    """Uniform draws, or with a drawn chance only boundary draws (``BOUNDARY_DRAWS``)."""
+    if draw(st.booleans()):
+        return BOUNDARY_DRAWS[torch.randint(0, len(BOUNDARY_DRAWS), shape, generator=gen)]
+    return torch.rand(*shape, generator=gen, dtype=torch.float64)
+
+
 @st.composite
 def verify_inputs(draw):
-    requests, gamma, vocab = draw(st.integers(1, 5)), draw(st.integers(1, 5)), draw(st.integers(2, 13))
+    requests, gamma, vocab = draw(st.integers(1, 5)), draw(st.integers(1, 15)), draw(st.integers(2, 41))
     gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31)))
     top_k = draw(st.one_of(st.none(), st.integers(1, vocab)))
     greedy = draw(st.booleans())
     temperature = 0.0 if greedy else 1.0
-    draft_probs = warp_logits(torch.randn(requests, gamma, vocab, generator=gen, dtype=torch.float64),
-                              temperature, top_k)
-    target_probs = warp_logits(torch.randn(requests, gamma + 1, vocab, generator=gen, dtype=torch.float64),
-                               temperature, top_k)
+    draft_probs = warp_logits(logits_like(draw, gen, requests, gamma, vocab), temperature, top_k)
+    target_probs = warp_logits(logits_like(draw, gen, requests, gamma + 1, vocab), temperature, top_k)
     tokens = sample_from_probs(draft_probs, torch.rand(requests, gamma, generator=gen, dtype=torch.float64))
     eos = draw(st.one_of(st.none(), st.integers(0, vocab - 1)))
     return dict(
         draft_tokens=tokens, draft_probs=draft_probs, target_probs=target_probs,
         verify_len=torch.randint(0, gamma + 1, (requests,), generator=gen),
-        accept_uniforms=torch.rand(requests, gamma, generator=gen, dtype=torch.float64),
-        final_uniforms=torch.rand(requests, generator=gen, dtype=torch.float64),
+        accept_uniforms=uniforms_like(draw, gen, requests, gamma),
+        final_uniforms=uniforms_like(draw, gen, requests),
         eos_token_id=eos,
     )
 

@@ -6,19 +6,27 @@ from hypothesis import strategies as st
 from dspark.markov import sample_block
 from dspark.testing import assert_close_float64, assert_equal, assert_within_reference_error, random_markov_weights
 from tests.kernels.conftest import DEVICE
+from tests.strategies import BOUNDARY_DRAWS, LOGIT_SCALES
 
 SAMPLING = [(1.0, None, None), (0.0, None, None), (0.7, 5, None), (1.3, None, 0.8), (0.9, 3, 0.9), (1.0, 1, None),
             (1.0, None, 0.05)]
 
 
-def _inputs(head, requests, gamma, vocab, seed, reduced=False):
+def _inputs(head, requests, gamma, vocab, seed, reduced=False, scale=1.0, boundary=False):
+    """Random sampler inputs; ``scale`` multiplies the base logits and the bias (0: every logit ties), and
+    ``boundary`` draws every uniform from ``BOUNDARY_DRAWS`` (exact inverse-CDF boundaries when flat)."""
     draft_vocab = vocab - 3 if reduced else vocab
     weights = None if head == "none" else random_markov_weights(head, vocab, draft_vocab, 5, 6, seed=seed)
+    if weights is not None:
+        weights = weights._replace(w2=weights.w2 * scale)
     gen = torch.Generator().manual_seed(seed + 1)
-    base = torch.randn(requests, gamma, draft_vocab, generator=gen, dtype=torch.float64)
+    base = torch.randn(requests, gamma, draft_vocab, generator=gen, dtype=torch.float64) * scale
     hidden = torch.randn(requests, gamma, 6, generator=gen, dtype=torch.float64)
     anchors = torch.randint(0, vocab, (requests,), generator=gen)
-    uniforms = torch.rand(requests, gamma, generator=gen, dtype=torch.float64)
+    if boundary:
+        uniforms = BOUNDARY_DRAWS[torch.randint(0, len(BOUNDARY_DRAWS), (requests, gamma), generator=gen)]
+    else:
+        uniforms = torch.rand(requests, gamma, generator=gen, dtype=torch.float64)
     d2t = torch.randperm(vocab, generator=gen)[:draft_vocab] if reduced else None
     return base, hidden, anchors, uniforms, weights, d2t
 
@@ -32,12 +40,13 @@ def _to(args, dtype):
             None if d2t is None else d2t.to(DEVICE))
 
 
-@given(head=st.sampled_from(["vanilla", "none"]), requests=st.integers(1, 3), gamma=st.integers(1, 4),
-       vocab=st.integers(4, 37), sampling=st.sampled_from(SAMPLING), reduced=st.booleans(), seed=st.integers(0, 2**31))
-def test_markov_kernel_matches_reference(head, requests, gamma, vocab, sampling, reduced, seed):
+@given(head=st.sampled_from(["vanilla", "none"]), requests=st.integers(1, 3), gamma=st.integers(1, 15),
+       vocab=st.integers(4, 37), sampling=st.sampled_from(SAMPLING), reduced=st.booleans(),
+       scale=st.sampled_from(sorted(LOGIT_SCALES)), boundary=st.booleans(), seed=st.integers(0, 2**31))
+def test_markov_kernel_matches_reference(head, requests, gamma, vocab, sampling, reduced, scale, boundary, seed):
     temperature, top_k, top_p = sampling
     kw = dict(temperature=temperature, top_k=top_k, top_p=top_p)
-    args = _inputs(head, requests, gamma, vocab, seed, reduced)
+    args = _inputs(head, requests, gamma, vocab, seed, reduced, LOGIT_SCALES[scale], boundary)
     base, hidden, anchors, uniforms, weights, d2t = args
     want_tokens, want_probs = sample_block(base, hidden, anchors, uniforms, weights, draft_to_target=d2t,
                                            backend="reference", **kw)

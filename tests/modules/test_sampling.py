@@ -75,3 +75,24 @@ def test_empirical_frequencies_follow_the_distribution():
 def test_bad_sampling_input_raises(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+@pytest.mark.parametrize("u, expected", [(0.25, 250), (0.5, 500), (0.75, 750)])
+def test_draws_on_exact_boundaries_agree_with_the_reference(u, expected):
+    """Uniform over V = 1000: u · total lands exactly on a cumulative mass; the first index past it wins."""
+    for dtype in (torch.float32, torch.float64):
+        probs = warp_logits(torch.zeros(1, 1000, dtype=dtype), 1.0)
+        uniforms = torch.tensor([u], dtype=dtype)
+        assert int(sample_from_probs(probs, uniforms)[0]) == expected
+        assert sample_row(probs[0], u) == expected
+    # top-p = 0.5 keeps every token of a flat row (none is strictly more probable than another).
+    flat_top_p = warp_logits(torch.zeros(1, 1000), 1.0, top_p=0.5)
+    assert int((flat_top_p > 0).sum()) == 1000
+    assert int(sample_from_probs(flat_top_p, torch.tensor([u]))[0]) == expected
+
+
+def test_sample_from_probs_refuses_weights_that_are_not_part_of_a_distribution():
+    with pytest.raises(ValueError, match="non-negative"):
+        sample_from_probs(torch.tensor([[0.5, -0.1, 0.6]]), torch.tensor([0.5]))
+    with pytest.raises(ValueError, match="at most 2"):
+        sample_from_probs(torch.full((1, 4), 0.75), torch.tensor([0.5]))
