@@ -345,15 +345,23 @@ class ProductionScheduler(Scheduler):
 
     Until ``lag`` steps have been seen, the budget is that of Algorithm 1 with the early stop on the
     current confidences, which is lossless on its own.
+
+    ``smoothing=α`` sizes the budget from per-request exponential moving averages instead,
+    ``m_t = α · m_{t−1} + (1 − α) · c_t`` (the approximation vLLM's adaptive verification makes): row r
+    of every call must then be the same request, and a call with another number of rows starts afresh.
+    The allocation always reads the current confidences.
     """
 
-    name = "production"
-
-    def __init__(self, sps: SPSTable, *, lag: int = 2, min_len: int = 0, max_len: int | None = None):
+    def __init__(self, sps: SPSTable, *, lag: int = 2, smoothing: float | None = None, min_len: int = 0,
+                 max_len: int | None = None):
         if lag < 1:
             raise ValueError(f"lag must be >= 1, got {lag}")
-        self.sps, self.lag, self.min_len, self.max_len = sps, lag, min_len, max_len
+        if smoothing is not None and not 0 <= smoothing < 1:
+            raise ValueError(f"smoothing must lie in [0, 1) or be None, got {smoothing}")
+        self.sps, self.lag, self.smoothing, self.min_len, self.max_len = sps, lag, smoothing, min_len, max_len
+        self.name = "production" if smoothing is None else f"production-ema{smoothing:g}"
         self.history: deque[torch.Tensor] = deque(maxlen=lag)
+        self.average: torch.Tensor | None = None
 
     def budget(self, confidence: torch.Tensor, valid_len: torch.Tensor | None) -> int:
         if len(self.history) < self.lag:
@@ -365,8 +373,16 @@ class ProductionScheduler(Scheduler):
         return int(lengths.sum())
 
     def __call__(self, confidence, valid_len=None):
+        current = confidence.detach().cpu().double()
+        if self.history and self.history[-1].shape != current.shape:
+            self.history.clear()  # other requests: nothing seen so far describes them
+            self.average = None
         k = self.budget(confidence, valid_len)
-        self.history.append(confidence.detach().cpu().clone())
+        if self.smoothing is not None:
+            alpha = self.smoothing
+            self.average = current if self.average is None else alpha * self.average + (1 - alpha) * current
+            current = self.average
+        self.history.append(current.clone())
         return allocate_top_k(confidence, k, valid_len, min_len=self.min_len, max_len=self.max_len)
 
 

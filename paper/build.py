@@ -404,55 +404,36 @@ def section_scheduler(out: list[str], figures: Path) -> None:
     if result is None:
         out.append("*Not measured yet: run `python benchmarks/bench_sps.py`, then `benchmarks/bench_scheduler.py`.*\n")
     else:
-        out.append("**How it was measured.** `benchmarks/bench_sps.py` profiles the target's verify pass: R requests "
-                   "of 8 tokens (B = 8R) over their own KV caches, median latency per B. On this CPU it runs the "
-                   "real SmolLM2-135M-Instruct; on the lent GPU it ran random-weight models of the SmolLM2-135M "
-                   "and Qwen3-8B architectures (latency does not depend on weight values). "
-                   "`benchmarks/bench_scheduler.py` then replays rounds: each step draws R rounds, each policy "
-                   "chooses verify lengths from their confidences, and the step costs the SPS table's latency for "
-                   "its B; realised tokens are 1 + min(A, ℓ) per request, where A is the prefix the round accepted "
-                   "with all γ slots verified. Round pools: the trained DSpark drafter's held-out rounds with its "
-                   "STS temperatures, and a synthetic calibrated pool shaped like the paper's acceptance "
-                   f"({_profile(result['paper_profile'])}). Threshold policy at c_k ≥ "
-                   f"{num(result['threshold'], 'g')}; {num(result['steps'], 'd')} steps per point. Drafting time is "
-                   "not charged, as in the paper's "
-                   f"objective. Replay run on {machine(result)}.\n")
-        out.append(stale_note(result, "the earlier drafter's rounds (the trained pool and the whole decodes)"))
+        _scheduler_method(out, result)
         replay = result["replay"]
-        for (table, pool) in dict.fromkeys((r["sps"], r["pool"]) for r in replay):
-            cells = [r for r in replay if r["sps"] == table and r["pool"] == pool]
-            top = max(r["requests"] for r in cells)
-            out.append(f"*{table}, {pool} rounds*: realised tokens/s at R = 1 and R = {num(top, 'd')}:\n")
-            out.append("| policy | R = 1 | R = " + num(top, "d") + " | mean ℓ at R = " + num(top, "d") + " |")
-            out.append("|---|---|---|---|")
-            for policy in dict.fromkeys(r["policy"] for r in cells):
-                one = next(r for r in cells if r["policy"] == policy and r["requests"] == 1)
-                many = next(r for r in cells if r["policy"] == policy and r["requests"] == top)
-                out.append(f"| {policy} | {num(one['realised_tokens_per_s'], '.1f')} | "
-                           f"{num(many['realised_tokens_per_s'], '.1f')} | {num(many['mean_verify_length'], '.2f')} |")
-            out.append("")
-            out.append(_scheduler_verdict(cells, top) + "\n")
+        for table in dict.fromkeys(r["sps"] for r in replay):
+            for pool in dict.fromkeys(r["pool"] for r in replay if r["sps"] == table):
+                _scheduler_table(out, [r for r in replay if r["sps"] == table and r["pool"] == pool], table, pool)
         _figure_scheduler(replay, figures)
         out.append("![Throughput against load](figures/scheduler.png)\n")
-        out.append("*Figure 5. Realised tokens/s against concurrency for each policy (solid: Algorithm 1 and "
-                   "production; dotted: fixed lengths; dashed: threshold), per SPS table and round pool. fixed-0 is "
-                   "no speculation. The vLLM re-measurement of the paper's scheduler found adaptive verification "
+        out.append("*Figure 5. Each policy's realised tokens/s divided by the best fixed verify length's at the "
+                   "same R (replay by replay; the red line is parity), per SPS table and round pool; verify passes "
+                   "only unless marked *drafting charged*, where Algorithm 1 plans with the draft cost too. Bands: "
+                   f"{num(95, 'd')}% intervals over the replays. The vLLM "
+                   "re-measurement of the paper's scheduler found adaptive verification "
                    f"{quote(5, 'd')}–{quote(10, 'd')}% ahead of the best fixed length up to concurrency "
                    f"{quote(64, 'd')} and {quote(90, 'd')}% ahead at {quote(256, 'd')}.*\n")
-        measured = result.get("measured_cpu")
-        if measured:
-            out.append(f"Whole decodes on this CPU with the real target and the trained drafter "
-                       f"({num(result['measured_max_new_tokens'], 'd')} new tokens per request, T = 1, drafting "
-                       "included), tokens/s:\n")
-            policies = list(dict.fromkeys(r["policy"] for r in measured))
-            counts = sorted({r["requests"] for r in measured})
-            out.append("| policy | " + " | ".join(f"R = {num(c, 'd')}" for c in counts) + " |")
-            out.append("|---|" + "---|" * len(counts))
-            for policy in policies:
-                cells = {r["requests"]: r for r in measured if r["policy"] == policy}
-                values = " | ".join(num(cells[c]["tokens_per_s"], ".1f") for c in counts)
-                out.append(f"| {policy} | {values} |")
-            out.append("")
+    measured = load("scheduler_measured_cpu")
+    if measured is not None:
+        out.append(f"Whole decodes on this CPU with the real target and the trained drafter "
+                   f"({num(measured['max_new_tokens'], 'd')} new tokens per request, T = 1, drafting included; "
+                   f"{machine(measured)}), tokens/s:\n")
+        out.append(stale_note(measured, "the earlier drafter"))
+        rows = measured["rows"]
+        policies = list(dict.fromkeys(r["policy"] for r in rows))
+        counts = sorted({r["requests"] for r in rows})
+        out.append("| policy | " + " | ".join(f"R = {num(c, 'd')}" for c in counts) + " |")
+        out.append("|---|" + "---|" * len(counts))
+        for policy in policies:
+            cells = {r["requests"]: r for r in rows if r["policy"] == policy}
+            values = " | ".join(num(cells[c]["tokens_per_s"], ".1f") for c in counts)
+            out.append(f"| {policy} | {values} |")
+        out.append("")
     appendix = load("appendix_a")
     if appendix is not None:
         out.append(f"**Appendix A.** The paper's example: one request, γ = 2, target ({quote(0.7)}, {quote(0.3)}), "
@@ -466,8 +447,96 @@ def section_scheduler(out: list[str], figures: Path) -> None:
 
 
 def _profile(profile: dict) -> str:
-    return (f"c_k = d·({num(profile['slot1'], 'g')} − {num(profile['decay'], 'g')}·(k−1)), difficulty d ~ "
-            f"Beta({num(profile['beta'][0], 'g')}, {num(profile['beta'][1], 'g')}) per request")
+    return (f"c_k = d_t·({num(profile['slot1'], 'g')} − {num(profile['decay'], 'g')}·(k−1)); a request's difficulty "
+            f"d_t wanders around its own level, logit(d_t) = μ + x_t with x_t = {num(profile['persistence'], 'g')}·"
+            f"x_(t−1) + {num(profile['noise'], 'g')}·ε_t and μ the logit of a Beta({num(profile['beta'][0], 'g')}, "
+            f"{num(profile['beta'][1], 'g')}) draw; requests last {num(profile['mean_lifetime_steps'], 'd')} steps "
+            "on average")
+
+
+def _scheduler_method(out: list[str], result: dict) -> None:
+    out.append("**How it was measured.** `benchmarks/bench_sps.py` profiles the target's verify pass: R requests "
+               "of 8 tokens (B = 8R) over their own KV caches, median latency per B. `benchmarks/bench_scheduler.py` "
+               "then replays R request slots for "
+               f"{num(result['steps'], 'd')} steps: each step every slot brings a drafted round, each policy "
+               "chooses verify lengths from the confidences, and the step costs the SPS table's latency for its B "
+               "(plus one draft step when drafting is charged, and Algorithm 1 then plans with that cost). "
+               "Realised tokens are 1 + min(A, ℓ) per request, A being the prefix the round accepted with all γ "
+               f"slots verified. Each point is replayed with {num(result['seeds'], 'd')} seeds, every policy on "
+               f"the same rounds; intervals are Student-t {num(95, 'd')}% intervals of the mean, and ratios are "
+               "taken seed by "
+               "seed. Round pools: *paper-profile*, synthetic calibrated rounds shaped like the paper's "
+               f"acceptance ({_profile(result['paper_profile'])}); *trained*, the DSpark drafter's held-out rounds "
+               "with its STS temperatures, drawn independently per slot. Policies: fixed lengths, threshold at "
+               f"c_k ≥ {num(result['threshold'], 'g')}, Algorithm 1 on fresh confidences, *production* (budget "
+               "by global argmax on the confidences of two steps earlier, top-K over current ones) and "
+               f"*production-ema{num(result['ema'], 'g')}* (the same budget from per-request moving averages "
+               f"m_t = {num(result['ema'], 'g')}·m_(t−1) + {num(1 - result['ema'], 'g')}·c_t, as vLLM sizes it). "
+               "A fixed length whose pass exceeds a table's capacity at some R is left out there. "
+               f"Replay run on {machine(result)}.\n")
+    calibration = load("calibration_cpu")
+    if calibration is not None:  # the trained pool is the calibration study's rounds
+        out.append(stale_note(calibration, "the earlier drafter (the trained pool's rounds)"))
+    out.append("SPS tables, and where each came from:\n")
+    for name, labels in result["tables"].items():
+        out.append(f"- *{name}*: {labels['verify']}; drafting: {labels['drafting']}.")
+    roof = result["roofline"]
+    out.append(f"\nThe *h200-roofline* table is a model, not a measurement: latency = max((weights + R·KV) / "
+               f"bandwidth, B·flops / throughput) + {num(roof['overhead_s'] * 1e3, 'g')} ms, with B padded to the "
+               "next captured batch size (1, 2, 4, then multiples of 8), KV the cache of "
+               f"{num(roof['context_tokens'], 'd')} context tokens per request, the bandwidth the lent H200's "
+               f"device copy reached ({num(roof['bandwidth_bytes_per_s'] / 1e9, '.0f')} GB/s) and "
+               f"{num(roof['achievable_fraction'], 'g')} of its {num(roof['bf16_peak_flops'] / 1e12, '.0f')} "
+               "TFLOPS datasheet bf16 peak (not measured). The memory-bound plateau widens with R's KV reads and "
+               "the pass then slows once compute dominates, the shape a serving engine presents.\n")
+
+
+def _lead(cells: list[dict], requests: int, drafting: bool) -> dict | None:
+    return next((r for r in cells if r["requests"] == requests and r["drafting"] == drafting
+                 and r["policy"] == "algorithm-1"), None)
+
+
+def _scheduler_table(out: list[str], cells: list[dict], table: str, pool: str) -> None:
+    counts = sorted({r["requests"] for r in cells})
+    out.append(f"*{table}, {pool} rounds*: realised tokens/s, verify passes only (Algorithm 1 and the production "
+               f"variants as ratios to the best fixed length at that R, seed by seed, with {num(95, 'd')}% "
+               "intervals):\n")
+    out.append("| R | best fixed | its tokens/s | algorithm-1 | production | production-ema | threshold | "
+               "algorithm-1, drafting charged |")
+    out.append("|---|---|---|---|---|---|---|---|")
+
+    def ratio(r):
+        if r is None:
+            return "-"
+        lo, hi = r["vs_best_fixed_ci95"]
+        return f"{num(r['vs_best_fixed'], '.2f')}× [{num(lo, '.2f')}, {num(hi, '.2f')}]"
+
+    for requests in counts:
+        at = [r for r in cells if r["requests"] == requests and not r["drafting"]]
+        fixed = [r for r in at if r["policy"].startswith("fixed-")]
+        best = max(fixed, key=lambda r: r["realised_tokens_per_s"])
+        by = {r["policy"]: r for r in at}
+        threshold = next((r for r in at if r["policy"].startswith("threshold")), None)
+        out.append(f"| {num(requests, 'd')} | {best['policy']} | {num(best['realised_tokens_per_s'], '.0f')} | "
+                   f"{ratio(by.get('algorithm-1'))} | {ratio(by.get('production'))} | "
+                   f"{ratio(next((r for p, r in by.items() if p.startswith('production-ema')), None))} | "
+                   f"{ratio(threshold)} | {ratio(_lead(cells, requests, True))} |")
+    out.append("")
+    out.append(_scheduler_verdict(cells) + "\n")
+
+
+def _scheduler_verdict(cells: list[dict]) -> str:
+    """Where Algorithm 1 first leads the best fixed length by 10%, and its lead at the highest load."""
+    counts = sorted({r["requests"] for r in cells})
+    first = next((c for c in counts if (_lead(cells, c, False) or {}).get("vs_best_fixed", 0) >= 1.10), None)
+    top, one = _lead(cells, counts[-1], False), _lead(cells, counts[0], False)
+    lo, hi = top["vs_best_fixed_ci95"]
+    text = (f"Algorithm 1 is {num(one['vs_best_fixed'], '.2f')}× the best fixed length at R = {num(counts[0], 'd')} "
+            f"and {num(top['vs_best_fixed'], '.2f')}× [{num(lo, '.2f')}, {num(hi, '.2f')}] at R = "
+            f"{num(counts[-1], 'd')}; ")
+    text += (f"it first leads by 10% or more at R = {num(first, 'd')}." if first is not None
+             else "it never leads by 10% on this table and pool.")
+    return text
 
 
 # The Markov and rejection samplers became parallel over the vocabulary at this time; GPU rows measured
@@ -491,49 +560,37 @@ def _kernel_verdict(rows) -> str:
     return f"The Triton kernel is faster than PyTorch for {listed(faster)}; slower for {listed(slower)}."
 
 
-def _scheduler_verdict(cells, top) -> str:
-    at_top = [r for r in cells if r["requests"] == top]
-    fixed = [r for r in at_top if r["policy"].startswith("fixed-")]
-    best_fixed = max(fixed, key=lambda r: r["realised_tokens_per_s"])
-    alg1 = next(r for r in at_top if r["policy"] == "algorithm-1")
-    ratio = 100 * (alg1["realised_tokens_per_s"] / best_fixed["realised_tokens_per_s"] - 1)
-    if abs(ratio) < 0.05:
-        return f"At R = {num(top, 'd')}, Algorithm 1 is level with the best fixed length ({best_fixed['policy']})."
-    return (f"At R = {num(top, 'd')}, Algorithm 1 is {num(abs(ratio), '.1f')}% {'ahead of' if ratio > 0 else 'behind'} "
-            f"the best fixed length ({best_fixed['policy']}).")
-
-
 def _figure_scheduler(replay, figures: Path) -> None:
     plt = _plt()
-    panels = list(dict.fromkeys((r["sps"], r["pool"]) for r in replay))
-    columns = 2
-    rows_needed = (len(panels) + columns - 1) // columns
-    fig, axes = plt.subplots(rows_needed, columns, figsize=(11, 4 * rows_needed), squeeze=False)
-    # Adaptive policies are drawn wide and translucent, and no speculation (fixed-0) thin on top, so a
-    # curve that coincides with another stays visible.
-    adaptive = {"algorithm-1": dict(color="black", linewidth=5, linestyle="-", marker="o", alpha=0.35),
-                "production": dict(color="tab:cyan", linewidth=3, linestyle="-.", marker="x", alpha=0.6),
-                "fixed-0": dict(color="tab:red", linewidth=1.2, linestyle="--", marker="v", zorder=5)}
-    for ax, (table, pool) in zip(axes.flat, panels):
-        cells = [r for r in replay if r["sps"] == table and r["pool"] == pool]
-        for policy in dict.fromkeys(r["policy"] for r in cells):
-            pts = sorted((r["requests"], r["realised_tokens_per_s"]) for r in cells if r["policy"] == policy)
-            style = adaptive.get(policy) or (dict(linestyle="--", marker="s", color="tab:olive")
-                                             if policy.startswith("threshold") else dict(linestyle=":", marker="."))
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], label=policy, **style)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("concurrent requests R")
-        ax.set_ylabel("tokens / s (realised)")
-        where = "CPU" if "cpu" in table.lower() else "GPU"
-        ax.set_title(f"{table.split(' (')[0]} ({where}), {pool} rounds", fontsize=10)
-        ax.text(0.02, 0.02, "charged: verify passes only (drafting not charged)", transform=ax.transAxes,
-                fontsize=7, color="dimgray")
-        ax.grid(alpha=0.3)
-    for ax in axes.flat[len(panels):]:
-        ax.axis("off")
-    axes.flat[0].legend(fontsize=7, ncol=2)
+    tables = list(dict.fromkeys(r["sps"] for r in replay))
+    pools = list(dict.fromkeys(r["pool"] for r in replay))
+    fig, axes = plt.subplots(len(pools), len(tables), figsize=(4.6 * len(tables), 3.6 * len(pools)), squeeze=False,
+                             sharey=True)
+    # Wide translucent lines under narrow ones, so policies that coincide stay visible.
+    lines = [("algorithm-1", False, dict(color="black", linewidth=4, alpha=0.35, marker="o")),
+             ("production", False, dict(color="tab:cyan", linewidth=2, linestyle="-.", marker="x")),
+             ("production-ema", False, dict(color="tab:purple", linewidth=1, linestyle="--", marker="+")),
+             ("threshold", False, dict(color="tab:olive", linewidth=1, linestyle=":", marker="s", markersize=3)),
+             ("algorithm-1", True, dict(color="tab:orange", linewidth=1.5, linestyle="--", marker="."))]
+    for row, pool in enumerate(pools):
+        for column, table in enumerate(tables):
+            ax = axes[row][column]
+            cells = [r for r in replay if r["sps"] == table and r["pool"] == pool]
+            for policy, drafting, style in lines:
+                pts = sorted((r["requests"], r["vs_best_fixed"], *r["vs_best_fixed_ci95"]) for r in cells
+                             if r["policy"].startswith(policy) and r["drafting"] == drafting)
+                label = f"{policy}{', drafting charged' if drafting else ''}"
+                line, = ax.plot([q[0] for q in pts], [q[1] for q in pts], label=label, **style)
+                ax.fill_between([q[0] for q in pts], [q[2] for q in pts], [q[3] for q in pts],
+                                color=line.get_color(), alpha=0.15, linewidth=0)
+            ax.axhline(1.0, color="tab:red", linewidth=0.8)
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("concurrent requests R")
+            ax.set_title(f"{table}, {pool} rounds", fontsize=10)
+            ax.grid(alpha=0.3)
+        axes[row][0].set_ylabel("tokens/s ÷ best fixed length's")
+    axes[0][0].legend(fontsize=7)
     _save(fig, figures, "scheduler.png")
-
 
 # ---------------------------------------------------------------------------------------------------------
 
@@ -729,9 +786,12 @@ def section_limits(out: list[str]) -> None:
                    "uses, shortens the verify pass when confidence is low.")
     out.append("- The EAGLE-3-style baseline drafts the full vocabulary and its training steps cost about four "
                "times a DSpark step on this CPU, so it had the same training time, not the same steps (§1).")
-    out.append("- The sweeps (§3) and the scheduler study (§5) were not re-run for this drafter: they are marked "
-               "stale where they rest on the earlier one. The synthetic paper-profile pool in §5 shows what the "
+    out.append("- The sweeps (§3), the scheduler study's trained pool and its whole decodes (§5) rest on the "
+               "earlier drafter and are marked stale. The synthetic paper-profile pool in §5 shows what the "
                "policies do when drafts are accepted as often as in the paper.")
+    out.append("- The scheduler's serving-shaped table (§5) is a roofline model of an H200 built from one measured "
+               "number (its copy bandwidth) and the datasheet bf16 peak; no engine with CUDA graphs was profiled, "
+               "so its knee, and with it Algorithm 1's lead at high load, are only as good as that model.")
     out.append("- STS (§4) is fitted on other prompts than it is judged on; with few accepted rounds at later "
                "positions its temperatures there rest on little data, and the out-of-sample effect is mixed, as "
                "other implementers report (method.md §5.2 describes the fit).")

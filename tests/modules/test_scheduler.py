@@ -249,3 +249,62 @@ def test_triton_backend_on_cpu_tensors_says_what_it_needs(monkeypatch):
     with pytest.raises(ValueError, match="needs CUDA tensors"):
         resolve_backend("triton", torch.zeros(2))
     assert resolve_backend("torch", torch.zeros(2)) == "torch"
+
+
+def test_smoothed_production_budget_reads_the_moving_average_two_steps_old():
+    sps = SPSTable.linear(1.0, 0.05, 40)
+    steps = [torch.full((3, 5), v, dtype=torch.float64) for v in (0.95, 0.3, 0.6, 0.9)]
+    policy = ProductionScheduler(sps, lag=2, smoothing=0.8)
+    results = [policy(c) for c in steps]
+    averages = [steps[0]]
+    for c in steps[1:]:
+        averages.append(0.8 * averages[-1] + 0.2 * c)
+    for t in (2, 3):
+        budget = int(schedule_greedy(averages[t - 2], sps, early_stop=False).sum())
+        assert_equal(results[t], allocate_top_k(steps[t], budget))
+    assert policy.name == "production-ema0.8"
+    policy(torch.full((2, 5), 0.5, dtype=torch.float64))  # other requests: the history starts afresh
+    assert len(policy.history) == 1
+
+
+def _rank_keys(survival: torch.Tensor, lengths: torch.Tensor):
+    """(admitted, candidates left out) as (survival, position) pairs, for requests' prefixes ``lengths``."""
+    slots = torch.arange(1, survival.shape[1] + 1)
+    admitted = slots <= lengths[:, None]
+    positions = slots.expand_as(survival)
+    left_out = ~admitted & (survival > 0)
+    return (survival[admitted], positions[admitted]), (survival[left_out], positions[left_out])
+
+
+@given(requests=st.integers(256, 512), seed=st.integers(0, 2**31), ties=st.booleans(),
+       per_token=st.floats(1e-5, 1e-3))
+def test_policy_invariants_at_serving_concurrency(requests, seed, ties, per_token):
+    """At R up to 512 (γ = 7): Algorithm 1 admits a top set of prefixes, keeps its early stop, fits the table;
+    top-K with Algorithm 1's own count returns Algorithm 1's lengths; top-K never exceeds its budget."""
+    gamma = 7
+    gen = torch.Generator().manual_seed(seed)
+    confidence = torch.rand(requests, gamma, generator=gen, dtype=torch.float64)
+    if ties:
+        confidence = (confidence * 4).round() / 4
+    sps = SPSTable.linear(0.004, per_token, requests * (gamma + 1))
+    lengths = schedule_greedy(confidence, sps, backend="torch")
+    survival = survival_of(confidence)
+    (kept_value, kept_pos), (out_value, out_pos) = _rank_keys(survival, lengths)
+    if kept_value.numel() and out_value.numel():
+        # Every admitted entry ranks at or above every one left out (survival desc, then position asc).
+        worst = kept_value.min()
+        assert bool((out_value <= worst).all())
+        assert bool((out_pos[out_value == worst] >= kept_pos[kept_value == worst].max()).all())
+    # The early stop: Θ rose with the last admitted group, and admitting the next whole group would not raise it.
+    tokens = requests + int(lengths.sum())
+    tau = requests + float(kept_value.sum())
+    theta = tau * sps(tokens)
+    if out_value.numel():
+        best = out_value.max()
+        group = (out_value == best) & (out_pos == out_pos[out_value == best].min())
+        grown = tokens + int(group.sum())
+        if grown <= sps.max_tokens:
+            assert (tau + float(out_value[group].sum())) * sps(grown) <= theta
+    assert_equal(allocate_top_k(confidence, int(lengths.sum())), lengths, name="top-K with Algorithm 1's count")
+    budget = int(torch.randint(0, requests * gamma, (1,), generator=gen))
+    assert int(allocate_top_k(confidence, budget).sum()) <= budget
