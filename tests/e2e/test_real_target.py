@@ -1,5 +1,7 @@
 """The default target, SmolLM2-135M-Instruct, on real prompts: speculative output equals the target's."""
 
+import importlib
+
 import pytest
 import torch
 
@@ -73,3 +75,76 @@ def test_sampled_first_tokens_follow_the_target(real_target):
     expected = torch.tensor([float(first[a] * second[a][b]) for a, b in cells])
     p = chi_square_pvalue(counts, expected)
     assert p > 1e-3, f"sampled speculative output differs from the target (chi-square p = {p:.2e})"
+
+
+def test_gguf_targets_convert_once_then_load_from_the_cache(real_target, tmp_path, monkeypatch):
+    """Any GGUF target: the first load dequantises and caches it, the next reads only the cache."""
+    import transformers
+
+    from dspark.data import package_file
+    from dspark.target import DEFAULT_TARGET, load_target
+
+    package, filename, install = DEFAULT_TARGET
+    gguf = package_file(package, filename, install)
+    first = load_target(gguf.parent, filename, cache_dir=tmp_path / "cache")
+    assert (tmp_path / "cache" / "model.safetensors").exists()
+
+    def no_gguf(*args, **kwargs):
+        raise AssertionError("the cached target was dequantised again")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_gguf)
+    again = load_target(gguf.parent, filename, cache_dir=tmp_path / "cache")
+    ids = torch.tensor([real_target.encode_chat("Name a prime number.")])
+    with torch.no_grad():
+        assert torch.equal(first.model(input_ids=ids).logits, again.model(input_ids=ids).logits)
+        assert torch.equal(again.model(input_ids=ids).logits, real_target.model(input_ids=ids).logits)
+
+
+def test_plain_text_encoding_and_a_clear_error_without_a_chat_template(real_target):
+    from dspark.target import load_default_target
+
+    base = load_default_target()
+    base.tokenizer.chat_template = None  # what a base model's tokenizer looks like
+    assert base.encode("The capital of France is") == real_target.tokenizer("The capital of France is")["input_ids"]
+    with pytest.raises(ValueError, match="no chat template"):
+        base.encode_chat("hello")
+
+
+@pytest.mark.parametrize("top_p, scheduled, lossy", [(None, False, False), (0.9, True, False), (None, False, True)])
+def test_sampled_output_is_the_targets_and_a_lossy_verifier_is_caught(real_target, monkeypatch, top_p, scheduled,
+                                                                      lossy):
+    """400 streams of one prompt at T = 1 (and with top-p 0.9 under Algorithm 1). The drafter proposes the
+    target's greedy second token g1, one-hot, whatever the first token was, so drafts are accepted and rejected
+    often. Outcomes (x1, x2) fall in three cells, (g0, g1), (g0, other) and (x1 ≠ g0), whose probabilities under
+    the target's exact warped distribution are known; chi-square at alpha = 1e-3. The same test run on a
+    verifier that draws corrections from p instead of the residual max(p − q, 0) must fail: that verifier
+    over-produces g1 after every rejection (p = 5e-5 at this prompt and seed, against 0.34 for the real one)."""
+    if lossy:  # the module, not the function dspark.verify that the package exports under the same name
+        monkeypatch.setattr(importlib.import_module("dspark.verify"), "RESIDUAL_EPS_FIXED", 2**62)
+    prompt = real_target.encode_chat("What is the capital of France? One word.")
+    samples, temperature = 400, 1.0
+    greedy = generate(real_target, [prompt], SamplingConfig(max_new_tokens=4)).tokens[0]
+    untrained = drafter_for(real_target, block_size=3, num_draft_layers=1, markov_rank=16)
+    drafter = ScriptedDrafter(untrained.config, [greedy] * samples, corrupt_every=10)
+    scheduler = PrefixScheduler(SPSTable.linear(1.0, 1e-4, 8192)) if scheduled else None  # flat: sends every draft
+    # A third token keeps the second one a drafted slot (the last token of a request is always a bonus).
+    config = SamplingConfig(max_new_tokens=3, temperature=temperature, top_p=top_p, seed=11)
+    result = speculative_generate(real_target, drafter, [prompt] * samples, config, scheduler=scheduler)
+    assert result.stats.accepted > 0, "drafts must be accepted for the test to see the verifier"
+    with torch.no_grad():
+        first = warp_logits(real_target.model(input_ids=torch.tensor([prompt])).logits[0, -1], temperature, None,
+                            top_p)
+        second = warp_logits(real_target.model(input_ids=torch.tensor([prompt + greedy[:1]])).logits[0, -1],
+                             temperature, None, top_p)
+    g0, g1 = greedy[0], greedy[1]
+    expected = torch.tensor([float(first[g0] * second[g1]), float(first[g0] * (1 - second[g1])),
+                             1 - float(first[g0])])
+    counts = torch.zeros(3)
+    for tokens in result.tokens:
+        counts[0 if (tokens[0], tokens[1]) == (g0, g1) else 1 if tokens[0] == g0 else 2] += 1
+    assert bool((samples * expected >= 5).all()), expected  # the chi-square approximation holds
+    p = chi_square_pvalue(counts, expected)
+    if lossy:
+        assert p < 1e-3, f"the test failed to catch a lossy verifier (chi-square p = {p:.2e}, counts {counts})"
+    else:
+        assert p > 1e-3, f"sampled speculative output differs from the target (chi-square p = {p:.2e})"
