@@ -108,7 +108,7 @@ def _stats_kernel(
 @triton.jit
 def _normalize_kernel(
     tile_max_ptr, tile_sum_ptr, tile_arg_ptr, probs_ptr, row_ptr, cutoff_ptr, tokens_ptr, prev_ptr, d2t_ptr,
-    params_ptr, k, vocab, num_tiles, top_k, top_p_fixed, stride_pr, stride_pk, stride_tr,
+    k, vocab, num_tiles, top_k, top_p_fixed, stride_pr, stride_pk, stride_tr,
     HAS_D2T: tl.constexpr, GREEDY: tl.constexpr, TOP_K: tl.constexpr, TOP_P: tl.constexpr, KEY: tl.constexpr,
     P_STEPS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, ACC: tl.constexpr,
 ):
@@ -318,7 +318,7 @@ def markov_sample_block(base_logits, hidden, anchor_ids, uniforms, weights, *, t
                 k, num_requests, vocab, rank, num_tiles, *strides, probs.stride(0), probs.stride(1)),
                dict(shared, SCRATCH=scratch), device=device, table=CONFIGS, key=key, tunable=False)
         launch("markov_normalize", _normalize_kernel, (num_requests,),
-               (tile_max, tile_sum, tile_arg, probs, row, cutoff, tokens, prev, d2t, params, k, vocab, num_tiles,
+               (tile_max, tile_sum, tile_arg, probs, row, cutoff, tokens, prev, d2t, k, vocab, num_tiles,
                 top_k if use_top_k else 0, top_p_threshold(top_p) if use_top_p else 0,
                 probs.stride(0), probs.stride(1), tokens.stride(0)),
                dict(HAS_D2T=draft_to_target is not None, GREEDY=greedy, TOP_K=use_top_k, TOP_P=use_top_p,
