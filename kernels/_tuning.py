@@ -9,8 +9,8 @@ A config is a plain dict: block sizes (kernel constexprs) plus ``num_warps`` and
 Selection (:func:`launch`): under the Triton interpreter, or when ``DSPARK_FORCE_CONFIG=first`` (the test
 suite), the first config that passes the predicate is used; on a GPU, ``DSPARK_AUTOTUNE=1`` times every
 surviving config once per shape key with ``triton.testing.do_bench`` and keeps the fastest (kernels that
-overwrite their inputs opt out); otherwise the first surviving config is used (lists are ordered
-best-guess first).
+overwrite their inputs opt out, and so do the samplers, whose kernels must all run with one vocabulary
+tile); otherwise the first surviving config is used (lists are ordered best-guess first).
 """
 
 from __future__ import annotations
@@ -80,7 +80,8 @@ def launch(name: str, kernel, grid: tuple, args: tuple, constexprs: dict, *, dev
            tunable: bool = True) -> None:
     """``kernel[grid](*args, **constexprs, **config)`` with the config :func:`select_config` picks.
 
-    ``tunable=False`` for kernels that overwrite their inputs (they cannot be launched repeatedly to time them).
+    ``tunable=False`` for kernels that overwrite their inputs (they cannot be launched repeatedly to time them)
+    and for launches that must share the first config with others.
     """
     def run(config: dict) -> None:
         kernel[grid](*args, **constexprs, **config)
