@@ -148,6 +148,7 @@ def cpu_draft_seconds(results: Path) -> Callable[[int], float] | None:
 
 
 def cost_models(results: Path, wanted: list[str]) -> dict[str, CostModel]:
+    """The ``wanted`` tables whose inputs ``results`` holds (a table without them is left out)."""
     models = {}
     bandwidth = measured_bandwidth(results)
     roofline_drafting = "roofline of a one-layer drafter on the H200 (derived)"
