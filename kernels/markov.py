@@ -77,6 +77,15 @@ def _slot_logits(base_ptr, prev_ptr, w1_ptr, w2_ptr, params_ptr, offs_r, mask_r,
 
 
 @triton.jit
+def _grid_tile(requests, vocab, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr):
+    """This program's vocabulary tile and request tile, shared by the two grid kernels so their tilings agree."""
+    tile = tl.program_id(0)
+    offs_v = tile * BLOCK_V + tl.arange(0, BLOCK_V)
+    offs_r = (tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    return tile, offs_v, offs_r, offs_v < vocab, offs_r < requests
+
+
+@triton.jit
 def _stats_kernel(
     base_ptr, prev_ptr, w1_ptr, w2_ptr, params_ptr, probs_ptr, tile_max_ptr, tile_sum_ptr, tile_arg_ptr,
     k, requests, vocab, rank, num_tiles,
@@ -84,10 +93,8 @@ def _stats_kernel(
     HAS_MARKOV: tl.constexpr, GREEDY: tl.constexpr, SCRATCH: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, ACC: tl.constexpr,
 ):
-    tile = tl.program_id(0)
-    offs_v = tile * BLOCK_V + tl.arange(0, BLOCK_V)
-    offs_r = (tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
-    mask_v, mask_r = offs_v < vocab, offs_r < requests
+    """Step 1 of the module docstring for one (vocabulary tile, request tile): tile max and sum-exp, or first argmax."""
+    tile, offs_v, offs_r, mask_v, mask_r = _grid_tile(requests, vocab, BLOCK_R, BLOCK_V)
     x = _slot_logits(base_ptr, prev_ptr, w1_ptr, w2_ptr, params_ptr, offs_r, mask_r, offs_v, mask_v, k, rank,
                      stride_br, stride_bk, stride_w1, stride_w2,
                      HAS_MARKOV, GREEDY, BLOCK_R, BLOCK_V, BLOCK_K, ACC)
@@ -207,10 +214,9 @@ def _probs_kernel(
     TOP_K: tl.constexpr, TOP_P: tl.constexpr, KEY: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, ACC: tl.constexpr,
 ):
-    tile = tl.program_id(0)
-    offs_v = tile * BLOCK_V + tl.arange(0, BLOCK_V)
-    offs_r = (tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
-    mask_v, mask_r = offs_v < vocab, offs_r < requests
+    """Step 3 of the module docstring for one (vocabulary tile, request tile): the final probabilities, written
+    once, and the tile's fixed-point mass and last index of positive mass."""
+    tile, offs_v, offs_r, mask_v, mask_r = _grid_tile(requests, vocab, BLOCK_R, BLOCK_V)
     mask = mask_r[:, None] & mask_v[None, :]
     out = probs_ptr + offs_r[:, None] * stride_pr + k * stride_pk + offs_v[None, :]
     if GREEDY:
