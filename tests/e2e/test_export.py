@@ -122,31 +122,50 @@ def test_build_draft_vocab_keeps_frequent_and_required_tokens():
 
 @pytest.mark.skipif(SPECULATORS_PYTHON is None and not os.environ.get("CI"),
                     reason="set DSPARK_SPECULATORS_PYTHON to a Python with speculators installed (.ci/run does)")
-def test_speculators_accepts_the_export(tmp_path):
-    """speculators' own config class validates the export and its model loads the weights, same outputs."""
+@pytest.mark.parametrize("reduced", [False, True])
+def test_round_trip_with_speculators_both_ways(tmp_path, reduced):
+    """dspark.export → speculators, and speculators' save_pretrained → dspark.load: equal block logits.
+
+    speculators runs its own training forward on one block (fp32); dspark runs ``training_logits`` in fp64 on
+    the same inputs. 1e-4 bounds fp32 rounding through one draft layer at these sizes (measured ≈ 2e-6);
+    a wrong mask, rope θ or head layout moves logits by O(1).
+    """
     if SPECULATORS_PYTHON is None:
         pytest.fail("CI must provide DSPARK_SPECULATORS_PYTHON (see .ci/run)")
     target = tiny_target()
-    drafter = randomize_(drafter_for(target, markov_rank=8), 5, std=0.3)
+    drafter = randomize_(drafter_for(target, markov_rank=8, draft_vocab_size=40 if reduced else None), 5, std=0.3)
+    if reduced:
+        counts = token_counts([torch.randint(0, 64, (500,), generator=torch.Generator().manual_seed(1))], 64)
+        drafter.set_draft_vocab(build_draft_vocab(counts, 40), target.lm_head_weight())
     verifier = tmp_path / "verifier"
     target.model.save_pretrained(verifier)
-    dspark.export(drafter, tmp_path / "ckpt", verifier_name_or_path=str(verifier),
+    dspark.export(drafter, tmp_path / "exported", verifier_name_or_path=str(verifier),
                   verifier_architectures=["LlamaForCausalLM"], dtype=torch.float32)
     script = Path(__file__).with_name("speculators_check.py")
-    result = subprocess.run([SPECULATORS_PYTHON, str(script), str(tmp_path / "ckpt"), str(tmp_path / "out.pt.json")],
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run([SPECULATORS_PYTHON, str(script), str(tmp_path / "exported"), str(tmp_path / "written"),
+                             str(tmp_path / "report.pt")], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
-    report = json.loads((tmp_path / "out.pt.json").read_text())
+    report = torch.load(tmp_path / "report.pt", weights_only=True)
     assert report["config_type"] == "DSparkSpeculatorConfig"
     assert report["missing"] == [] and report["unexpected"] == [], report
-    prev = torch.tensor(report["prev_ids"])
-    hidden = torch.tensor(report["hidden"])
-    with torch.no_grad():
-        bias = drafter.markov_head(prev, hidden)
-        emb = drafter.markov_head.markov_w1(prev)
-        conf = drafter.confidence_head(hidden, emb)
-    torch.testing.assert_close(torch.tensor(report["markov_bias"]), bias, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(torch.tensor(report["confidence_logits"]), conf, rtol=1e-5, atol=1e-5)
+
+    written = json.loads((tmp_path / "written" / "config.json").read_text())
+    assert written["transformer_layer_config"]["rope_parameters"]["rope_theta"] == 1e5
+    with pytest.raises(ValueError, match="verifier="):
+        dspark.load(tmp_path / "written")
+    loaded = dspark.load(tmp_path / "written", verifier=target)
+    assert loaded.checkpoint_format == "speculators" and loaded.config.rope_theta == 1e5
+
+    ids, taps, p = report["input_ids"], report["taps"].double(), report["anchor"]
+    gamma = drafter.config.block_size
+    for name, model in (("exported", drafter), ("written", loaded)):
+        with torch.no_grad():
+            logits, confidence = model.double().training_logits(ids[:, p][None], torch.tensor([[p]]), taps,
+                                                                ids[:, p + 1:p + gamma][None])
+        torch.testing.assert_close(logits[0, 0], report[f"{name}_logits"].double(), rtol=1e-4, atol=1e-4,
+                                   msg=lambda m, name=name: f"{name}: draft logits differ from speculators'\n{m}")
+        torch.testing.assert_close(confidence[0, 0], report[f"{name}_confidence"].double(), rtol=1e-4, atol=1e-4,
+                                   msg=lambda m, name=name: f"{name}: confidence logits differ\n{m}")
 
 
 def test_load_reads_dspark_checkpoints_and_says_which_format(tmp_path):
