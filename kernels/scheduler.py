@@ -1,13 +1,19 @@
 """Fused scheduler admission: survival ranking, Algorithm 1 (early stop or global argmax) and top-K.
 
 Mirrors ``dspark.reference.scheduler``. One program holds all R×γ entries (R ≤ 1024 in practice: the
-decode batch). Instead of sorting, every entry counts, in tiles over the others, how many candidates
-rank strictly before it (survival descending, then position ascending), how many share its group
-(equal survival at the same position) and the survival mass before it. That gives each group's place
-on the ranked path, hence τ, B and Θ = τ·SPS(B) at its end and at the end of the group before it, and
-the admission rule becomes a reduction: Algorithm 1 admits every group that starts before the first
-group whose Θ fails to rise (or that overflows the SPS table); the global argmax admits up to its best
-group; top-K admits the groups that end within the budget.
+decode batch) and ranks them with a bitonic sort in registers: O(n log² n) compare-and-swaps of depth
+O(log² n), where the previous kernel counted every pair (O(n²)). The sort key is the rank order itself,
+survival descending then slot ascending, so entries of one group (equal survival at the same slot) end up
+next to each other. Scans over the sorted entries then give each group's first and last place on the ranked
+path, the survival mass up to its end, hence τ, B and Θ = τ·SPS(B) at its end and at the end of the group
+before it. Each mode reduces that to the sorted index of the first group it does not admit:
+
+* Algorithm 1: the first group whose Θ fails to rise, or that overflows the SPS table;
+* the global argmax: the group after the best one (none when no group beats sending no drafts);
+* top-K: the first group that ends past the budget.
+
+The key at that index is a threshold in rank order: request r's verify length is its floor plus the number
+of its candidates that rank strictly before it.
 """
 
 from __future__ import annotations
@@ -22,12 +28,10 @@ from dspark.scheduler import _bounds, _check_capacity
 MODE_EARLY_STOP, MODE_ARGMAX, MODE_TOP_K = 0, 1, 2
 
 CONFIGS = {
-    "interpreter": [dict(CHUNK_R=2, num_warps=1, num_stages=1)],
-    "sm90": [dict(CHUNK_R=4, num_warps=8, num_stages=1), dict(CHUNK_R=2, num_warps=4, num_stages=1)],
-    "sm100": [dict(CHUNK_R=4, num_warps=8, num_stages=1,
-                   label="compiled sm_100/sm_103 (Triton 3.9, R = 256): 40 regs, 58264 B spill (pairwise ranking); "
-                         "never run")],
-    "other": [dict(CHUNK_R=2, num_warps=4, num_stages=1)],
+    "interpreter": [dict(num_warps=1, num_stages=1)],
+    "sm90": [dict(num_warps=8, num_stages=1), dict(num_warps=4, num_stages=1)],
+    "sm100": [dict(num_warps=8, num_stages=1, label="compiled sm_100/sm_103: see compile_matrix; never run")],
+    "other": [dict(num_warps=4, num_stages=1)],
 }
 
 
@@ -45,12 +49,76 @@ def _survival_tile(conf_ptr, rows, cols, num_requests, gamma, stride_r, BLOCK_G:
 
 
 @triton.jit
+def _ranks_after(key_a, slot_a, key_b, slot_b):
+    """Whether entry a ranks after entry b: lower survival, or the same survival at a later slot.
+
+    Keys are survival bit patterns (int64), which order positive float64 values as the values do.
+    """
+    return (key_a < key_b) | ((key_a == key_b) & (slot_a > slot_b))
+
+
+@triton.jit
+def _side(LOG_N: tl.constexpr, axis: tl.constexpr):
+    """0 for the first and 1 for the second half along hypercube ``axis`` (counted from the innermost)."""
+    return tl.reshape(tl.arange(0, 2), [1] * (LOG_N - axis - 1) + [2] + [1] * axis)
+
+
+@triton.jit
+def _compare_and_swap(key, slot, descending, LOG_N: tl.constexpr, axis: tl.constexpr):
+    """One bitonic step along ``axis``: each pair puts its earlier-ranked entry first (second if descending)."""
+    dim: tl.constexpr = LOG_N - 1 - axis
+    # x ^ xor(pair) is the other element of each pair: the swap costs no shuffle through memory.
+    other_key = key ^ tl.xor_sum(key, dim, keep_dims=True)
+    other_slot = slot ^ tl.xor_sum(slot, dim, keep_dims=True)
+    take_other = _ranks_after(key, slot, other_key, other_slot) != (descending ^ _side(LOG_N, axis)).to(tl.int1)
+    return tl.where(take_other, other_key, key), tl.where(take_other, other_slot, slot)
+
+
+@triton.jit
+def _rank_sort(key, slot, LOG_N: tl.constexpr):
+    """Bitonic sort of 2**LOG_N entries into rank order (survival descending, slot ascending)."""
+    key = tl.reshape(key, [2] * LOG_N)
+    slot = tl.reshape(slot, [2] * LOG_N)
+    for stage in tl.static_range(1, LOG_N + 1):
+        # Every stage but the last leaves runs of 2**stage sorted in alternating directions.
+        if stage < LOG_N:
+            descending = _side(LOG_N, stage)
+        else:
+            descending = tl.zeros([1] * LOG_N, tl.int32)
+        for step in tl.static_range(stage):
+            key, slot = _compare_and_swap(key, slot, descending, LOG_N, stage - 1 - step)
+    return tl.reshape(key, [2**LOG_N]), tl.reshape(slot, [2**LOG_N])
+
+
+@triton.jit
+def _shift_combine(has_a, key_a, slot_a, prev_key_a, prev_slot_a, has_b, key_b, slot_b, prev_key_b, prev_slot_b):
+    """Scan step that carries, for a run, its last entry and the entry before that."""
+    prev_key = tl.where(has_b != 0, prev_key_b, key_a)
+    prev_slot = tl.where(has_b != 0, prev_slot_b, slot_a)
+    return has_a | 1, key_b, slot_b, prev_key, prev_slot
+
+
+@triton.jit
+def _starts_group(key, slot):
+    """Whether each sorted entry differs from the one before it (the first entry always does)."""
+    zero = tl.zeros_like(slot)
+    has, _, _, prev_key, prev_slot = tl.associative_scan((zero, key, slot, key, slot), 0, _shift_combine)
+    return (has == 0) | (prev_key != key) | (prev_slot != slot)
+
+
+@triton.jit
+def _max_combine(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
 def _schedule_kernel(
     conf_ptr, lo_ptr, hi_ptr, sps_ptr, out_ptr,
     num_requests, gamma, base_tokens, max_tokens, budget, stride_r,
-    MODE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_G: tl.constexpr, CHUNK_R: tl.constexpr,
+    MODE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_G: tl.constexpr, LOG_N: tl.constexpr,
 ):
     """Mirrors ``dspark.reference.scheduler.schedule_greedy`` / ``allocate_top_k`` (one program)."""
+    N: tl.constexpr = BLOCK_R * BLOCK_G
     rows = tl.arange(0, BLOCK_R)[:, None]
     cols = tl.arange(0, BLOCK_G)[None, :]
     slot = cols + 1
@@ -63,50 +131,43 @@ def _schedule_kernel(
     tau0 = num_requests + tl.sum(tl.sum(tl.where(forced, a, 0.0), 1), 0)
     tokens0 = base_tokens + num_requests + tl.sum(tl.sum(forced.to(tl.int64), 1), 0)
 
-    before = tl.zeros([BLOCK_R, BLOCK_G], tl.int64)
-    group = tl.zeros([BLOCK_R, BLOCK_G], tl.int64)
-    mass_before = tl.zeros([BLOCK_R, BLOCK_G], tl.float64)
-    a3 = a[:, :, None]
-    j3 = slot[:, :, None]
-    for m0 in range(0, num_requests, CHUNK_R):
-        m_rows = m0 + tl.arange(0, CHUNK_R)[:, None]
-        am = _survival_tile(conf_ptr, m_rows, cols, num_requests, gamma, stride_r, BLOCK_G)
-        m_lo = tl.load(lo_ptr + m_rows, mask=m_rows < num_requests, other=0)
-        m_hi = tl.load(hi_ptr + m_rows, mask=m_rows < num_requests, other=0)
-        m_cand = (m_rows < num_requests) & (cols < gamma) & (slot > m_lo) & (slot <= m_hi) & (am > 0)
-        am_flat = tl.reshape(am, [CHUNK_R * BLOCK_G])[None, None, :]
-        jm_flat = tl.reshape(slot + m_rows * 0, [CHUNK_R * BLOCK_G])[None, None, :]
-        cm_flat = tl.reshape(m_cand, [CHUNK_R * BLOCK_G])[None, None, :]
-        ahead = cm_flat & ((am_flat > a3) | ((am_flat == a3) & (jm_flat < j3)))
-        same = cm_flat & (am_flat == a3) & (jm_flat == j3)
-        before += tl.sum(ahead.to(tl.int64), 2)
-        group += tl.sum(same.to(tl.int64), 2)
-        mass_before += tl.sum(tl.where(ahead, am_flat, 0.0), 2)
-
-    big = tl.full([BLOCK_R, BLOCK_G], 1 << 40, tl.int64)
+    # Non-candidates get key -1: below every positive survival, so they sort after all candidates.
+    key = tl.where(candidate, a.to(tl.int64, bitcast=True), -1)
+    slots = slot + rows * 0
+    s_key, s_slot = _rank_sort(tl.reshape(key, [N]), tl.reshape(slots, [N]), LOG_N)
+    index = tl.arange(0, N)
+    is_candidate = s_key > 0
+    value = tl.where(is_candidate, s_key.to(tl.float64, bitcast=True), 0.0)
+    first = _starts_group(s_key, s_slot)
+    # A group's last entry is the first of its group in the reversed order.
+    last = tl.flip(_starts_group(tl.flip(s_key, 0), tl.flip(s_slot, 0)).to(tl.int32), 0) != 0
+    start = tl.associative_scan(tl.where(first, index, 0), 0, _max_combine)
+    ends = last & is_candidate
+    tokens_end = tokens0 + index + 1
     if MODE == 2:
         room = budget - (tokens0 - base_tokens - num_requests)
-        admitted = candidate & (before + group <= room)
+        stop = tl.min(tl.where(ends & (index + 1 > room), start, N), 0)
     else:
-        tokens_end = tokens0 + before + group
-        tokens_prev = tokens0 + before
+        # τ at a group's end is the mass up to it; at the group before, less the group's equal survivals.
+        tau_end = tau0 + tl.cumsum(value, 0)
+        tau_prev = tau_end - (index - start + 1).to(tl.float64) * value
         fits = tokens_end <= max_tokens
-        sps_end = tl.load(sps_ptr + tokens_end, mask=candidate & fits, other=0.0)
-        sps_prev = tl.load(sps_ptr + tokens_prev, mask=candidate & (tokens_prev <= max_tokens), other=0.0)
-        tau_prev = tau0 + mass_before
-        theta_end = (tau_prev + group.to(tl.float64) * a) * sps_end
-        theta_prev = tau_prev * sps_prev
+        sps_end = tl.load(sps_ptr + tokens_end, mask=ends & fits, other=0.0)
+        sps_prev = tl.load(sps_ptr + tokens0 + start, mask=ends & fits, other=0.0)
+        theta_end = tau_end * sps_end
         if MODE == 0:
-            failing = candidate & ((~fits) | (theta_end <= theta_prev))
-            first_fail = tl.min(tl.min(tl.where(failing, before, big), 1), 0)
-            admitted = candidate & (before < first_fail)
+            failing = ends & ((~fits) | (theta_end <= tau_prev * sps_prev))
+            stop = tl.min(tl.where(failing, start, N), 0)
         else:
             theta0 = tau0 * tl.load(sps_ptr + tokens0)
-            eligible = candidate & fits
-            best = tl.max(tl.max(tl.where(eligible, theta_end, float("-inf")), 1), 0)
-            best_start = tl.min(tl.min(tl.where(eligible & (theta_end == best), before, big), 1), 0)
-            best_start = tl.where(best > theta0, best_start, -1)  # no group beats sending no drafts
-            admitted = candidate & (before <= best_start)
+            eligible = ends & fits
+            best = tl.max(tl.where(eligible, theta_end, float("-inf")), 0)
+            best_end = tl.min(tl.where(eligible & (theta_end == best), index, N), 0)
+            stop = tl.where(best > theta0, best_end + 1, 0)  # no group beats sending no drafts: admit none
+    # The entry at ``stop`` starts the first group not admitted; key -2 (when none is refused) ranks last.
+    stop_key = tl.max(tl.where(index == stop, s_key, -2), 0)
+    stop_slot = tl.max(tl.where(index == stop, s_slot, 0), 0)
+    admitted = candidate & _ranks_after(stop_key, stop_slot, key, slots)
     lengths = lo + tl.sum(admitted.to(tl.int64), 1)[:, None]
     tl.store(out_ptr + rows, lengths, mask=rows < num_requests)
 
@@ -126,7 +187,9 @@ def _launch(confidence, mode, valid_len, min_len, max_len, *, sps=None, base_tok
     confidence = confidence.contiguous()
     args = (confidence, lo.to(device), hi.to(device), table, out,
             num_requests, gamma, base_tokens, max_tokens, budget, confidence.stride(0))
-    constexprs = dict(MODE=mode, BLOCK_R=next_power_of_2(num_requests), BLOCK_G=next_power_of_2(gamma))
+    # At least two entries: the bitonic sort needs one hypercube axis.
+    block_r, block_g = next_power_of_2(num_requests), max(2, next_power_of_2(gamma))
+    constexprs = dict(MODE=mode, BLOCK_R=block_r, BLOCK_G=block_g, LOG_N=(block_r * block_g).bit_length() - 1)
     launch("scheduler", _schedule_kernel, (1,), args, constexprs, device=device, table=CONFIGS,
            key=(num_requests, gamma))
     return out
