@@ -73,12 +73,12 @@ def main(argv: list[str] | None = None) -> int:
                        help="a JSON file of train_default_drafter's arguments (objective, steps, num_prompts, "
                             "num_draft_layers, block_size, markov_rank, num_anchors, ...); flags given override it")
     train.add_argument("--objective", choices=["dspark", "dflash", "eagle3"], default=None, help="default dspark")
-    train.add_argument("--layers", type=int, default=None, help="draft layers (default 1; eagle3: 1)")
+    train.add_argument("--layers", type=int, default=None, help="draft layers (default 2; eagle3: 1)")
     train.add_argument("--block-size", type=int, default=None, help="γ, the block (or chain) length (default 7)")
-    train.add_argument("--steps", type=int, default=None, help="default 1200")
+    train.add_argument("--steps", type=int, default=None, help="default 2000")
     train.add_argument("--prompts", type=int, default=None,
-                       help="size of the ShareGPT prompt pool (default: all, about 7,700); the recipe's "
-                            "corpus_samples (3,072) of them are answered, in a seeded shuffle")
+                       help="size of the ShareGPT prompt pool (default: all, about 7,700); all of them are "
+                            "answered unless a config's corpus_samples keeps fewer (a prefix of a seeded shuffle)")
     train.add_argument("--output", default=None, help="default: the cache the demo reads")
     export = sub.add_parser("export", help="write a trained drafter in the speculators format vLLM serves")
     export.add_argument("--drafter", default=None, help="dspark drafter directory (default: the demo's)")
