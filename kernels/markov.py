@@ -38,11 +38,13 @@ from dspark.sampling import top_p_threshold
 # autotuned: all four kernels of a slot must run with the same vocabulary tile.
 CONFIGS = {
     "interpreter": [dict(BLOCK_V=16, BLOCK_K=16, num_warps=1, num_stages=1)],
-    # Ordered by the compile matrix's spills (benchmarks/results/compile_matrix_triton3.9.json); never run.
-    "sm90": [dict(BLOCK_V=128, BLOCK_K=32, num_warps=8, num_stages=3, label="unmeasured"),
-             dict(BLOCK_V=128, BLOCK_K=64, num_warps=8, num_stages=3, label="unmeasured")],
-    "sm100": [dict(BLOCK_V=128, BLOCK_K=32, num_warps=8, num_stages=3, label="unmeasured"),
-              dict(BLOCK_V=128, BLOCK_K=64, num_warps=8, num_stages=3, label="unmeasured")],
+    # 64-wide vocabulary tiles: at 128 the probability kernel spilled 128-168 B with top-k/top-p scratch
+    # (compile_matrix.py); at 64 no kernel of the sampler spills. Never run on Blackwell.
+    "sm90": [dict(BLOCK_V=64, BLOCK_K=32, num_warps=8, num_stages=3,
+                  label="compiled sm_90 (Triton 3.9, paper shapes, all four kernels): <= 155 regs, 0 B spill, wgmma")],
+    "sm100": [dict(BLOCK_V=64, BLOCK_K=32, num_warps=8, num_stages=3,
+                   label="compiled sm_100/sm_103 (Triton 3.9, paper shapes, all four kernels): <= 146 regs, 0 B spill, "
+                         "tcgen05; never run")],
     "other": [dict(BLOCK_V=128, BLOCK_K=32, num_warps=4, num_stages=2)],
 }
 MAX_BLOCK_R = 64
