@@ -31,6 +31,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     from dspark.checkpoint import default_drafter_dir
+    from dspark.corpus import load_corpus
     from dspark.data import load_prompt_mix
     from dspark.decoding import SamplingConfig, generate
     from dspark.target import cache_root, load_default_target
@@ -54,17 +55,23 @@ def main(argv=None) -> int:
     runs = corpus["runs"]
     answered = sum(r["answer_tokens"] for r in runs)
     seconds = sum(r["seconds"] for r in runs)
+    # The corpus as it is on disk; runs interrupted before the manifest recorded them after every batch left
+    # samples but no time, so the speed below is over the timed runs only.
+    samples = load_corpus(corpus_dir)
+    corpus_tokens = sum(int(s.loss_mask.sum()) for s in samples)
     target = load_default_target(dtype=torch.bfloat16)
     prompts = [target.encode_chat(p.text) for p in load_prompt_mix(1)[: args.batch1_prompts]]
     config = SamplingConfig(max_new_tokens=64, temperature=0.0)
     plain = [generate(target, [p], config) for p in prompts]
     batch1 = sum(r.new_tokens for r in plain) / sum(r.seconds for r in plain)
-    regeneration = {"answer_tokens": answered, "seconds": seconds, "tokens_per_s": answered / seconds,
+    regeneration = {"answer_tokens": corpus_tokens, "samples": len(samples), "timed_answer_tokens": answered,
+                    "seconds": seconds, "tokens_per_s": answered / seconds,
                     "batch_size": runs[-1]["batch_size"], "runs": runs, "settings": corpus["settings"],
                     "batch1_generate_tokens_per_s": batch1, "speedup_over_batch1": answered / seconds / batch1,
-                    "note": "tokens/s over whole runs (prefill, decoding, feature capture and writes), bf16 target; "
-                            "runs may have shared the CPU with other work"}
-    print(f"regeneration: {answered} answer tokens in {seconds:.0f} s = {answered / seconds:.0f} tok/s "
+                    "note": "tokens/s over whole timed runs (prefill, decoding, feature capture and writes), bf16 "
+                            "target; runs may have shared the CPU with other work"}
+    print(f"corpus: {len(samples)} samples, {corpus_tokens} answer tokens; regeneration: {answered} answer tokens "
+          f"of timed runs in {seconds:.0f} s = {answered / seconds:.0f} tok/s "
           f"({answered / seconds / batch1:.1f}x plain batch-1 generation, {batch1:.1f} tok/s)")
     for name, arm in arms.items():
         print(f"{name}: {arm['steps']} steps, final τ_prob {arm['final'].get('eval_tau_prob')}, "

@@ -156,6 +156,8 @@ def build_corpus(target, prompts: list[str] | list[list[int]], directory: str | 
         if bar is not None:
             bar.update(active)
 
+    run_index = None  # this call's entry in the manifest's runs, written after every batch
+
     for r0 in range(0, len(todo), round_size):
         chunk = todo[r0: r0 + round_size]
         encoded = {i: _encode(target, prompts[i]) for i in chunk}
@@ -169,6 +171,8 @@ def build_corpus(target, prompts: list[str] | list[list[int]], directory: str | 
                 report.samples_written += 1
                 report.answer_tokens += len(answer)
             report.seconds = time.perf_counter() - start
+            # Recorded as it goes, so a run that is interrupted (the corpus resumes) keeps its tokens and time.
+            run_index = _record_run(manifest, run_index, report, batch_size)
             if bar is not None:
                 # Re-estimate the remaining tokens from the answers' mean length so far.
                 left = len(todo) - report.samples_written
@@ -184,15 +188,26 @@ def build_corpus(target, prompts: list[str] | list[list[int]], directory: str | 
         bar.close()
     report.samples_total += report.samples_written
     if report.samples_written:  # a call that found everything on disk adds no run
-        recorded = json.loads(manifest.read_text(encoding="utf-8"))
-        recorded["runs"].append({"samples_written": report.samples_written, "answer_tokens": report.answer_tokens,
-                                 "seconds": round(report.seconds, 1), "batch_size": batch_size,
-                                 "stopped_by_budget": report.stopped_by_budget})
-        atomic_write_text(manifest, json.dumps(recorded, indent=2) + "\n")
+        _record_run(manifest, run_index, report, batch_size)
     if report.stopped_by_budget:
         print(f"corpus: stopped at {used / 2**30:.1f} GiB, the max_bytes budget; "
               f"{report.samples_total} of {len(prompts)} prompts answered")
     return report
+
+
+def _record_run(manifest: Path, index: int | None, report: CorpusReport, batch_size: int) -> int:
+    """Write this run's entry into the manifest (appended the first time, replaced after); its index."""
+    recorded = json.loads(manifest.read_text(encoding="utf-8"))
+    entry = {"samples_written": report.samples_written, "answer_tokens": report.answer_tokens,
+             "seconds": round(report.seconds, 1), "batch_size": batch_size,
+             "stopped_by_budget": report.stopped_by_budget}
+    if index is None:
+        recorded["runs"].append(entry)
+        index = len(recorded["runs"]) - 1
+    else:
+        recorded["runs"][index] = entry
+    atomic_write_text(manifest, json.dumps(recorded, indent=2) + "\n")
+    return index
 
 
 def corpus_order(num_prompts: int, seed: int = 0) -> list[int]:

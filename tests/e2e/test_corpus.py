@@ -51,6 +51,36 @@ def test_corpus_resumes_and_refuses_other_settings(tmp_path):
         build_corpus(target, [[1, 2, 999]], tmp_path / "other", progress=False)
 
 
+def test_an_interrupted_run_keeps_its_record(tmp_path, monkeypatch):
+    """The manifest's run entry is written after every batch, so tokens and time of a run stopped midway
+    (the corpus then resumes) still count in the regeneration record."""
+    import json
+
+    import dspark.corpus as corpus
+
+    target = tiny_target(vocab=48)
+    prompts = _prompts(target, count=5)
+    real, calls = corpus.answer_batch, []
+
+    def stopped_after_one_batch(*args, **kwargs):
+        if calls:
+            raise KeyboardInterrupt
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(corpus, "answer_batch", stopped_after_one_batch)
+    with pytest.raises(KeyboardInterrupt):
+        build_corpus(target, prompts, tmp_path, max_new_tokens=6, batch_size=2, progress=False)
+    runs = json.loads((tmp_path / "corpus.json").read_text())["runs"]
+    written = load_corpus(tmp_path)
+    assert len(runs) == 1 and runs[0]["samples_written"] == len(written) == 2
+    assert runs[0]["answer_tokens"] == sum(int(s.loss_mask.sum()) for s in written)
+    monkeypatch.setattr(corpus, "answer_batch", real)
+    build_corpus(target, prompts, tmp_path, max_new_tokens=6, batch_size=2, progress=False)
+    runs = json.loads((tmp_path / "corpus.json").read_text())["runs"]
+    assert [r["samples_written"] for r in runs] == [2, 3]
+
+
 def test_answers_cut_when_the_batch_empties_are_prefixes_of_the_full_answers():
     target = tiny_target(vocab=48)
     prompts = _prompts(target, count=4)
