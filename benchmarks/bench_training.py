@@ -44,7 +44,7 @@ SCALES = {
                     anchors=32, sequences=2, seq_len=320),
     # the committed recipe's step (benchmarks/recipes/smollm2_drafter.json), at the corpus's mean length
     "recipe": dict(hidden=576, heads=9, kv_heads=3, intermediate=1536, vocab=49152, target_layers=30, rank=32,
-                   anchors=48, sequences=4, seq_len=227),
+                   anchors=48, sequences=4, seq_len=227, layers=2),
     "paper": dict(hidden=4096, heads=32, kv_heads=8, intermediate=12288, vocab=151936, target_layers=36, rank=256,
                   anchors=512, sequences=1, seq_len=4096),
 }
@@ -76,7 +76,7 @@ def measure(variant: str, scale: str, device: str, steps: int, chunk_rows: int, 
     config = DSparkConfig(vocab_size=s["vocab"], hidden_size=s["hidden"], num_attention_heads=s["heads"],
                           num_key_value_heads=s["kv_heads"], intermediate_size=s["intermediate"],
                           num_target_layers=s["target_layers"], target_layer_ids=taps, mask_token_id=s["vocab"] - 1,
-                          block_size=7, num_draft_layers=1, markov_rank=s["rank"],
+                          block_size=7, num_draft_layers=s.get("layers", 1), markov_rank=s["rank"],
                           draft_vocab_size=draft_vocab if variant == "bf16-vocab" else None)
     with torch.device(device):  # built in place: initialising paper-scale tables on the CPU takes a minute
         drafter = DSparkDrafter(config)

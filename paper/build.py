@@ -65,6 +65,23 @@ def _results(out: list[str], name: str, heading: str, script: str) -> dict | Non
     return result
 
 
+def recipe_difference(arguments: dict, recipe: dict) -> str:
+    """A sentence naming the settings in which a drafter's training ``arguments`` differ from ``recipe``, or ""
+    when none do. Objective, layers and steps are printed beside it (EAGLE-3 has one layer by construction and
+    is given steps for the same training time), and how often it was evaluated changes nothing it learned."""
+    earlier = {k: v for k, v in arguments.items() if k in recipe and v != recipe[k]
+               and k not in ("objective", "num_draft_layers", "steps", "eval_every")}
+    if not earlier:
+        return ""
+    listed = ", ".join(f"{k} {num(v, 'd') if isinstance(v, int) and not isinstance(v, bool) else v}"
+                       for k, v in sorted(earlier.items()))
+    return f" Trained by an earlier recipe ({listed}), not re-trained since."
+
+
+def committed_recipe() -> dict:
+    return json.loads((ROOT / "benchmarks" / "recipes" / "smollm2_drafter.json").read_text(encoding="utf-8"))
+
+
 def machine(result: dict) -> str:
     env = result["environment"]
     where = env["device"] if env["device"] != "cpu" else f"CPU ({env['processor']}, {num(env['cpu_count'], 'd')} cores)"
@@ -116,10 +133,10 @@ def section_acceptance(out: list[str], figures: Path) -> None:
     out.append("**How it was measured.** `benchmarks/bench_acceptance.py`: target SmolLM2-135M-Instruct; "
                f"{num(rows[0]['prompts'], 'd')} held-out prompts per domain (GSM8K, HumanEval, MT-Bench first "
                f"turns, none in the training pool), {num(result['max_new_tokens'], 'd')} new tokens, every drafted "
-               "slot verified (no scheduler); τ counts the bonus token. The drafters were trained by the committed "
-               "recipe (§2) on the same target-answered ShareGPT sequences, with one draft layer and γ = 7; the "
-               "EAGLE-3-style drafter drafts the full vocabulary, so its steps cost more and it was given the same "
-               f"training time rather than the same steps (below). Measured on {machine(result)}.\n")
+               "slot verified (no scheduler); τ counts the bonus token. The drafters were trained by the recipe of §2 "
+               "on target-answered ShareGPT sequences with γ = 7; each one's layers, steps and data are listed "
+               "below the table. The EAGLE-3-style drafter drafts the full vocabulary, so its steps cost more and "
+               f"it is given the same training time rather than the same steps. Measured on {machine(result)}.\n")
     out.append("| drafter | T | math τ | code τ | chat τ | paper (Qwen3-4B, T = 1): GSM8K / HumanEval / MT-Bench |")
     out.append("|---|---|---|---|---|---|")
     for name in drafters:
@@ -131,12 +148,17 @@ def section_acceptance(out: list[str], figures: Path) -> None:
                        + " | ".join(num(cells[d]["tau"]) for d in DOMAINS) + f" | {quoted_cell} |")
     out.append("")
     meta = result.get("drafter_metadata", {})
+    recipe = committed_recipe()
     for name in drafters:
         final = meta.get(name, {}).get("final", {})
         if final:
-            out.append(f"- {LABELS.get(name, name)}: {num(meta[name].get('steps'), 'd')} steps on "
+            arguments = (meta[name].get("run") or {}).get("arguments", {})
+            layers = arguments.get("num_draft_layers")
+            out.append(f"- {LABELS.get(name, name)}: {num(layers, 'd')} draft layer{'s' if layers != 1 else ''}, "
+                       f"{num(meta[name].get('steps'), 'd')} steps on "
                        f"{num(meta[name].get('train_sequences'), 'd')} sequences; held-out τ_prob "
-                       f"{num(final.get('eval_tau_prob', float('nan')))} at the last evaluation.")
+                       f"{num(final.get('eval_tau_prob', float('nan')))} at the last evaluation."
+                       + recipe_difference(arguments, recipe))
     out.append("")
     order = _ranking(rows, 1.0)
     if order:
@@ -212,11 +234,15 @@ def section_training(out: list[str], figures: Path) -> None:
                "benchmarks/recipes/smollm2_drafter.json [--objective dflash|eagle3]`, on this CPU; "
                "`benchmarks/bench_recipe.py` collects what the runs recorded. "
                f"Measured on {machine(result)}.\n")
-    out.append(f"- **Data.** The bf16 target answered the first {num(recipe['corpus_samples'], 'd')} prompts of a "
-               f"seeded shuffle of {num(regen['settings']['num_prompts'], 'd')} ShareGPT first turns greedily "
+    pool = regen["settings"]["num_prompts"]
+    answered = f"all {num(pool, 'd')}" if recipe["corpus_samples"] is None else \
+        f"the first {num(recipe['corpus_samples'], 'd')} of a seeded shuffle of {num(pool, 'd')}"
+    out.append(f"- **Data.** The bf16 target answered {answered} ShareGPT first turns greedily "
                f"(at most {num(recipe['max_new_tokens'], 'd')} new tokens): {num(regen['answer_tokens'], 'd')} answer "
                f"tokens, with the target's features kept as it read them. Regeneration ran at "
-               f"{num(regen['tokens_per_s'], '.0f')} answer tokens/s (batches of {num(regen['batch_size'], 'd')}, "
+               f"{num(regen['tokens_per_s'], '.0f')} answer tokens/s (over the "
+               f"{num(regen.get('timed_answer_tokens', regen['answer_tokens']), 'd')} tokens of the runs that "
+               f"recorded their time; batches of {num(regen['batch_size'], 'd')}, "
                f"prefill and feature writes included, sharing the CPU with other work at times), "
                f"{num(regen['speedup_over_batch1'], '.1f')}× plain batch-1 generation by the same target "
                f"({num(regen['batch1_generate_tokens_per_s'], '.1f')} tokens/s).")
@@ -229,10 +255,13 @@ def section_training(out: list[str], figures: Path) -> None:
             "full vocabulary; "
         # The corpus phase of each arm only found the shared corpus on disk; its building time is under Data.
         phases = ", ".join(f"{k} {num(seconds[k] / 60, '.1f')} min" for k in ("train", "calibrate") if k in seconds)
-        out.append(f"- **{LABELS.get(name, name)}.** {num(arm['steps'], 'd')} steps on "
-                   f"{num(arm['train_sequences'], 'd')} sequences ({coverage}held-out τ_prob "
-                   f"{num(arm['final']['eval_tau_prob'])} on {num(arm['held_out_sequences'], 'd')} sequences). "
-                   f"Wall-clock: {phases} (one CPU core each; the corpus was built once for all arms).")
+        arguments = (arm.get("run") or {}).get("arguments", {})
+        layers = arguments.get("num_draft_layers")
+        out.append(f"- **{LABELS.get(name, name)}.** {num(layers, 'd')} draft layer{'s' if layers != 1 else ''}, "
+                   f"{num(arm['steps'], 'd')} steps on {num(arm['train_sequences'], 'd')} sequences ({coverage}"
+                   f"held-out τ_prob {num(arm['final']['eval_tau_prob'])} on {num(arm['held_out_sequences'], 'd')} "
+                   f"sequences). Wall-clock: {phases} (one CPU core each; the corpus was built once for all arms)."
+                   + recipe_difference(arguments, recipe))
     out.append("")
     _figure_curve(arms, figures)
     out.append("![Held-out acceptance against training data](figures/tau_vs_tokens.png)\n")
@@ -240,8 +269,8 @@ def section_training(out: list[str], figures: Path) -> None:
                "against the answer tokens each drafter had trained on, evaluated every "
                f"{num(recipe['eval_every'], 'd')} steps. The first point is the untrained drafter; past "
                f"{num(regen['answer_tokens'] / 1e3, '.0f')}k tokens the sequences repeat (a second pass over the "
-               "corpus). The EAGLE-3-style drafter gains more per token but its steps cost about four DSpark steps, "
-               "so in the same training time it saw fewer tokens.*\n")
+               "corpus). An EAGLE-3-style step costs about four DSpark steps, so per hour of training it sees about a "
+               "quarter of the tokens; each arm's data and recipe are listed above.*\n")
 
 
 def _figure_curve(arms: dict, figures: Path) -> None:
@@ -541,12 +570,16 @@ def _scheduler_verdict(cells: list[dict]) -> str:
 
 # The Markov and rejection samplers became parallel over the vocabulary at this time; GPU rows measured
 # before it are of the one-program-per-request kernels they replaced (ISO dates compare as text).
+# When kernels were rewritten: GPU rows measured before then are of the previous kernel.
 SAMPLERS_REWRITTEN = "2026-11-30T20:50:00+00:00"
-SAMPLER_OPS = {"markov_sample_block", "markov_sample_block_greedy", "verify"}
+SCHEDULER_REWRITTEN = "2026-12-01T00:15:48+00:00"
+REWRITTEN = {"markov_sample_block": SAMPLERS_REWRITTEN, "markov_sample_block_greedy": SAMPLERS_REWRITTEN,
+             "verify": SAMPLERS_REWRITTEN, "schedule_greedy": SCHEDULER_REWRITTEN,
+             "allocate_top_k": SCHEDULER_REWRITTEN}
 
 
-def _previous_sampler(result: dict, row: dict) -> bool:
-    return row["op"] in SAMPLER_OPS and result["environment"]["date"] < SAMPLERS_REWRITTEN
+def _previous_kernel(result: dict, row: dict) -> bool:
+    return row["op"] in REWRITTEN and result["environment"]["date"] < REWRITTEN[row["op"]]
 
 
 def _kernel_verdict(rows) -> str:
@@ -639,7 +672,7 @@ def section_speed(out: list[str], figures: Path) -> None:
         out.append("| op | R | Triton (ms) | PyTorch (ms) | PyTorch / Triton | Triton bandwidth | peak memory "
                    "Triton / PyTorch (MiB) |")
         out.append("|---|---|---|---|---|---|---|")
-        previous = [r for r in gpu["rows"] if _previous_sampler(gpu, r)]
+        previous = [r for r in gpu["rows"] if _previous_kernel(gpu, r)]
         for r in gpu["rows"]:
             if "triton_ms" not in r:
                 continue
@@ -652,18 +685,20 @@ def section_speed(out: list[str], figures: Path) -> None:
                        f"{ratio}× | {num(100 * r['triton_peak_fraction'], '.1f')}% | {mem} |")
         out.append("")
         out.append(_kernel_verdict([r for r in gpu["rows"] if r not in previous]) + " Block attention feeds bf16 "
-                   "tiles to the tensor cores (wgmma on this card) with fp32 accumulation. Why we think the slow ones "
-                   "are slow: the scheduler kernels rank by pairwise counts, which grows as the square of R·γ; the "
-                   "fused loss computes its vocabulary products in fp32 outside the kernel while the PyTorch loss "
-                   "now runs them on bf16 operands. Making those fast is open work.\n")
+                   "tiles to the tensor cores (wgmma on this card) with fp32 accumulation. Why we think the fused "
+                   "loss is slow: it computes its vocabulary products in fp32 outside the kernel while the PyTorch "
+                   "loss now runs them on bf16 operands. Making it fast is open work.\n")
         if previous:
-            out.append("Rows marked *previous kernel* measured the samplers before they were rewritten, when one "
-                       "program per request walked the vocabulary serially and re-read W2 for every request and "
-                       "slot, so few multiprocessors worked. Both samplers are now parallel over "
-                       "the vocabulary (a grid of vocabulary tiles and request tiles, the rank-r bias as one "
-                       "`tl.dot` per tile, tile masses combined in fixed point, kernels/markov.py and "
-                       "kernels/rejection.py); they pass the interpreter's equivalence tests and compile for sm_90 "
-                       "and sm_100 (below), but no GPU has run them yet, so no speed is claimed for them.\n")
+            out.append("Rows marked *previous kernel* were measured before those kernels were rewritten, and no GPU "
+                       "has run the rewrites yet, so no speed is claimed for them. The samplers then ran one program "
+                       "per request that walked the vocabulary serially and re-read W2 for every request and slot, "
+                       "so few multiprocessors worked; both are now parallel over the vocabulary (a grid of "
+                       "vocabulary tiles and request tiles, the rank-r bias as one `tl.dot` per tile, tile masses "
+                       "combined in fixed point, kernels/markov.py and kernels/rejection.py). The scheduler kernels "
+                       "then ranked candidates by counting every pair, quadratic in R·γ; they now sort the entries "
+                       "in registers (a bitonic sort, O(n log² n) compare-and-swaps) and find groups with scans "
+                       "(kernels/scheduler.py). The rewrites pass the interpreter's equivalence tests and compile "
+                       "for sm_90, sm_100 and sm_103 (below).\n")
     _section_compile_matrix(out)
     training = [t for t in (load("training_cpu_default"), load("training_cpu_recipe"), load("training_cuda_paper"))
                 if t is not None]
@@ -745,13 +780,20 @@ def _section_compile_matrix(out: list[str]) -> None:
                        f"{num(max(r['registers'] for r in ok), 'd')} | {num(max(r['spill_bytes'] for r in ok), 'd')} | "
                        f"{num(max(r['shared_bytes'] for r in ok) / 1024, '.0f')} | {', '.join(sorted(cores)) or '-'} |")
     out.append("")
+    newest = matrices[0]
+    spilling = {arch: sorted({r["kernel"] for r in newest["rows"] if r["arch"] in arch and r["compiled"]
+                              and r["spill_bytes"]}) for arch in (("sm_100", "sm_103"), ("sm_90",))}
+    blackwell = ("every Blackwell config compiles with 0 spill bytes" if not spilling[("sm_100", "sm_103")] else
+                 "on Blackwell, " + ", ".join(spilling[("sm_100", "sm_103")]) + " still spill")
+    hopper = ("so does every Hopper config" if not spilling[("sm_90",)] else
+              "on Hopper, " + ", ".join(spilling[("sm_90",)]) + " spill in some configs of the list")
     out.append("Every listed config compiles within shared memory for all three architectures, and the products "
-               "of attention and of the Markov bias reach the tensor cores on each (wgmma, tcgen05). The "
-               "scheduler spills most (it holds pairwise tiles per program); attention's 64-row tiles carry "
-               "64-bit address tensors; the Markov sampler's probability kernel spills a little when it reads "
-               "top-k/top-p scratch. The Triton 3.6 matrix was made on the lent H200 before the samplers became "
-               "parallel over the vocabulary, so its `markov` and `verify` rows are of the previous kernels. No "
-               "speed is claimed for Blackwell: no Blackwell GPU ran these kernels.\n")
+               f"of attention and of the Markov bias reach the tensor cores on each (wgmma, tcgen05). With Triton "
+               f"{newest['triton']}, {blackwell}; {hopper}. The scheduler sorts its R·γ entries in registers, "
+               "so one program holds them all. The Triton 3.6 matrix was made on the lent "
+               "H200 before the samplers became parallel over the vocabulary and before the scheduler sorted, so "
+               "its `markov`, `verify` and `scheduler` rows are of the previous kernels. No speed is claimed for "
+               "Blackwell: no Blackwell GPU ran these kernels.\n")
 
 
 def section_limits(out: list[str]) -> None:
@@ -773,8 +815,9 @@ def section_limits(out: list[str]) -> None:
                    f"{num(hi['answer_tokens_seen'] / 1e3, '.0f')}k: about {num(per_doubling, '.2f')} per doubling "
                    "of the data. At that rate data alone would need many doublings beyond what this CPU can "
                    "regenerate; the paper's drafters have five layers and see "
-                   f"{quote(1.3)} M samples {quote(10, 'd')} times. The levers left are depth (the paper's largest "
-                   "step is from one layer to two) and longer training, which a GPU makes cheap.")
+                   f"{quote(1.3)} M samples {quote(10, 'd')} times. This recipe already took the paper's largest step, "
+                   "from one draft layer to two; the levers left are more layers and much longer training, which "
+                   "a GPU makes cheap.")
     if e2e is not None:
         one = next(r for r in e2e["rows"] if r["batch"] == 1)
         parts = one["round_parts_in_target_steps"]
@@ -785,10 +828,19 @@ def section_limits(out: list[str]) -> None:
                    f"({num(one['speedup'], '.2f')}× at batch 1 with every slot verified). Algorithm 1, which the demo "
                    "uses, shortens the verify pass when confidence is low.")
     out.append("- The EAGLE-3-style baseline drafts the full vocabulary and its training steps cost about four "
-               "times a DSpark step on this CPU, so it had the same training time, not the same steps (§1).")
-    out.append("- The sweeps (§3), the scheduler study's trained pool and its whole decodes (§5) rest on the "
-               "earlier drafter and are marked stale. The synthetic paper-profile pool in §5 shows what the "
-               "policies do when drafts are accepted as often as in the paper.")
+               "times a DSpark step on this CPU, so it is given the same training time, not the same steps; §2 "
+               "lists the data and recipe each arm was actually trained with.")
+    shipped = drafter_date()
+    stale = [what for what, name in (("the sweeps (§3)", "sweeps"), ("calibration (§4)", "calibration_cpu"),
+                                     ("the scheduler study's trained pool (§5)", "scheduler"),
+                                     ("the scheduler study's whole decodes (§5)", "scheduler_measured_cpu"))
+             if shipped and load(name) and load(name)["environment"]["date"] < shipped]
+    if stale:
+        listed = stale[0] if len(stale) == 1 else ", ".join(stale[:-1]) + " and " + stale[-1]
+        verb, state = ("rests", "is") if len(stale) == 1 else ("rest", "are")
+        out.append(f"- {listed[0].upper() + listed[1:]} {verb} on the earlier drafter and {state} marked stale. "
+                   "The synthetic paper-profile pool in §5 shows what the policies do when drafts are accepted as "
+                   "often as in the paper.")
     out.append("- The scheduler's serving-shaped table (§5) is a roofline model of an H200 built from one measured "
                "number (its copy bandwidth) and the datasheet bf16 peak; no engine with CUDA graphs was profiled, "
                "so its knee, and with it Algorithm 1's lead at high load, are only as good as that model.")
