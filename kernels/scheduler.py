@@ -96,7 +96,10 @@ def _rank_sort(key, slot, LOG_N: tl.constexpr):
 
 @triton.jit
 def _shift_combine(has_a, key_a, slot_a, prev_key_a, prev_slot_a, has_b, key_b, slot_b, prev_key_b, prev_slot_b):
-    """Scan step that carries, for a run, its last entry and the entry before that."""
+    """Scan step that carries, for a run of sorted entries, its last entry and the entry before that.
+
+    ``has`` is 0 for a single entry (which has no entry before it) and 1 for any run of two or more.
+    """
     prev_key = tl.where(has_b != 0, prev_key_b, key_a)
     prev_slot = tl.where(has_b != 0, prev_slot_b, slot_a)
     return has_a | 1, key_b, slot_b, prev_key, prev_slot
