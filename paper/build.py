@@ -786,7 +786,8 @@ def _section_compile_matrix(out: list[str]) -> None:
     blackwell = ("every Blackwell config compiles with 0 spill bytes" if not spilling[("sm_100", "sm_103")] else
                  "on Blackwell, " + ", ".join(spilling[("sm_100", "sm_103")]) + " still spill")
     hopper = ("so does every Hopper config" if not spilling[("sm_90",)] else
-              "on Hopper, " + ", ".join(spilling[("sm_90",)]) + " spill in some configs of the list")
+              "on Hopper, " + ", ".join(spilling[("sm_90",)])
+              + (" spills" if len(spilling[("sm_90",)]) == 1 else " spill") + " in some configs of the list")
     out.append("Every listed config compiles within shared memory for all three architectures, and the products "
                f"of attention and of the Markov bias reach the tensor cores on each (wgmma, tcgen05). With Triton "
                f"{newest['triton']}, {blackwell}; {hopper}. The scheduler sorts its R·γ entries in registers, "
