@@ -78,6 +78,12 @@ def recipe_difference(arguments: dict, recipe: dict) -> str:
     return f" Trained by an earlier recipe ({listed}), not re-trained since."
 
 
+def draft_layers(arguments: dict) -> str:
+    """"N draft layer(s)" from a drafter's recorded training arguments."""
+    layers = arguments.get("num_draft_layers")
+    return f"{num(layers, 'd')} draft layer{'s' if layers != 1 else ''}"
+
+
 def committed_recipe() -> dict:
     return json.loads((ROOT / "benchmarks" / "recipes" / "smollm2_drafter.json").read_text(encoding="utf-8"))
 
@@ -153,8 +159,7 @@ def section_acceptance(out: list[str], figures: Path) -> None:
         final = meta.get(name, {}).get("final", {})
         if final:
             arguments = (meta[name].get("run") or {}).get("arguments", {})
-            layers = arguments.get("num_draft_layers")
-            out.append(f"- {LABELS.get(name, name)}: {num(layers, 'd')} draft layer{'s' if layers != 1 else ''}, "
+            out.append(f"- {LABELS.get(name, name)}: {draft_layers(arguments)}, "
                        f"{num(meta[name].get('steps'), 'd')} steps on "
                        f"{num(meta[name].get('train_sequences'), 'd')} sequences; held-out τ_prob "
                        f"{num(final.get('eval_tau_prob', float('nan')))} at the last evaluation."
@@ -256,8 +261,7 @@ def section_training(out: list[str], figures: Path) -> None:
         # The corpus phase of each arm only found the shared corpus on disk; its building time is under Data.
         phases = ", ".join(f"{k} {num(seconds[k] / 60, '.1f')} min" for k in ("train", "calibrate") if k in seconds)
         arguments = (arm.get("run") or {}).get("arguments", {})
-        layers = arguments.get("num_draft_layers")
-        out.append(f"- **{LABELS.get(name, name)}.** {num(layers, 'd')} draft layer{'s' if layers != 1 else ''}, "
+        out.append(f"- **{LABELS.get(name, name)}.** {draft_layers(arguments)}, "
                    f"{num(arm['steps'], 'd')} steps on {num(arm['train_sequences'], 'd')} sequences ({coverage}"
                    f"held-out τ_prob {num(arm['final']['eval_tau_prob'])} on {num(arm['held_out_sequences'], 'd')} "
                    f"sequences). Wall-clock: {phases} (one CPU core each; the corpus was built once for all arms)."
