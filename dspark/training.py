@@ -563,7 +563,7 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
                           num_draft_layers: int = 2, markov_rank: int = 32, block_size: int = 7, num_anchors: int = 48,
                           sequences_per_step: int = 4, draft_vocab_size: int | None = 16384, lr: float = 1e-3,
                           precision: str = "bf16", held_out: int = 48, eval_every: int = 200,
-                          work_dir: str | os.PathLike | None = None, calibrate: bool = True,
+                          seed: int = 0, work_dir: str | os.PathLike | None = None, calibrate: bool = True,
                           progress: bool = True) -> Path:
     """Train a drafter for SmolLM2-135M-Instruct on ShareGPT prompts answered by the target, on the CPU.
 
@@ -581,6 +581,9 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
        ``eval_every`` steps (and resuming from the last checkpoint), evaluating τ_prob on the ``held_out``
        sequences (the highest prompt indices) against the answer tokens seen so far.
     4. ``calibrate`` (DSpark only): STS temperatures from held-out decoding with the fp32 target.
+
+    ``seed`` sets the drafter's initial weights and the anchors each step samples; the data and its order do
+    not depend on it, so runs that differ only in ``seed`` measure the spread that training noise alone gives.
 
     The defaults are the committed recipe (``benchmarks/recipes/smollm2_drafter.json``); ``corpus_samples=None``
     answers the whole prompt pool (about 7,700 prompts, two to three hours on 2 cores).
@@ -613,6 +616,7 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     t0 = time.perf_counter()
     target = load_default_target()
     is_dspark = objective == "dspark"
+    torch.manual_seed(seed)
     vocab_size = draft_vocab_size if objective != "eagle3" else None
     config = target.drafter_config(block_size=block_size, num_draft_layers=num_draft_layers,
                                    markov_rank=markov_rank if is_dspark else 0, enable_confidence_head=is_dspark,
@@ -644,10 +648,10 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     source = OfflineFeatures(corpus_dir, target.tap_layers, target.hidden_size)
     train_config = TrainConfig(steps=steps, objective=objective, num_anchors=num_anchors, lr=lr,
                                sequences_per_step=sequences_per_step, eval_every=eval_every,
-                               checkpoint_every=eval_every, precision=precision)
+                               checkpoint_every=eval_every, precision=precision, seed=seed)
     trainer = Trainer(drafter, target.lm_head_weight(), source, train, train_config, held_out=evaluation)
     name = f"checkpoint-{objective}-layers{num_draft_layers}-block{block_size}-steps{steps}-" \
-           f"vocab{vocab_size or 'full'}-{len(samples)}seq"
+           f"vocab{vocab_size or 'full'}-{len(samples)}seq" + (f"-seed{seed}" if seed else "")
     checkpoint = work / name
     if (checkpoint / "trainer_state.json").exists():
         trainer.resume(checkpoint, target)
@@ -659,7 +663,7 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
                  "steps": steps, "num_draft_layers": num_draft_layers, "markov_rank": markov_rank,
                  "block_size": block_size, "num_anchors": num_anchors, "sequences_per_step": sequences_per_step,
                  "draft_vocab_size": draft_vocab_size, "lr": lr, "precision": precision, "held_out": held_out,
-                 "eval_every": eval_every, "calibrate": calibrate}
+                 "eval_every": eval_every, "seed": seed, "calibrate": calibrate}
     metadata = {"objective": objective, "steps": trainer.step, "train_sequences": len(train),
                 "held_out_sequences": len(evaluation),
                 "train_answer_tokens": int(sum(int(s.loss_mask.sum()) for s in train)),
