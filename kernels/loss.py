@@ -2,7 +2,9 @@
 
 Mirrors ``dspark.reference.loss.dspark_loss``. Rows (supervised slots) are processed in chunks of
 ``chunk_rows``. Per chunk, the two vocabulary projections run as ordinary matmuls into ``[chunk, V]``
-buffers (cuBLAS does GEMMs better than a hand-written kernel would), then one Triton program per row
+buffers (cuBLAS does GEMMs better than a hand-written kernel would), in the operands' dtype when both are
+bf16 (or both fp16), exactly as the PyTorch path's products; the heads are never copied to fp32, which at a
+150k vocabulary would cost more memory than the plain loss's logits. Then one Triton program per row
 streams its vocabulary three times:
 
 1. online max and sum-exp of the draft and target logits, and the label logit;
@@ -13,7 +15,8 @@ streams its vocabulary three times:
 The row's CE, L1, c* and the BCE of its confidence logit (and that gradient, ``c·γ·(σ(z) − c*)``) come out
 of the same program. The chunk's ``g`` then gives the gradients of the hidden states, the Markov features
 and W2 by three matmuls, and the buffers are reused for the next chunk. Peak extra memory is two
-``[chunk, V]`` fp32 buffers however many rows there are. Gradients are computed in the forward pass
+``[chunk, V]`` fp32 buffers however many rows there are. The gradient matmuls, like autograd's on the
+PyTorch path, take the logits' gradient in the heads' dtype. Gradients are computed in the forward pass
 (training always needs them) and scaled by the incoming gradient in backward. ``lm_head`` and the target
 are frozen, as in DSpark training; the launcher refuses an ``lm_head`` that requires grad.
 """
@@ -25,7 +28,7 @@ import triton
 import triton.language as tl
 from dspark.kernels._tuning import empty_output, launch
 
-from dspark.loss import LossOutput
+from dspark.loss import LossOutput, vocab_product
 
 CONFIGS = {
     "interpreter": [dict(BLOCK_V=16, num_warps=1, num_stages=1)],
@@ -112,6 +115,13 @@ def _loss_rows_kernel(
             tl.store(draft_row + offs, grad, mask=mask)
 
 
+def _grad_product(grad: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """``grad @ table`` in fp32, on 16-bit operands when ``table`` is 16-bit (as autograd runs that product)."""
+    if table.dtype in (torch.bfloat16, torch.float16):
+        return (grad.to(table.dtype) @ table).float()
+    return grad @ table.float()
+
+
 class FusedDSparkLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, markov_emb, markov_w2, confidence_logits, lm_head, target_hidden, target_lm_head,
@@ -129,17 +139,13 @@ class FusedDSparkLoss(torch.autograd.Function):
             "z": torch.zeros(rows, dtype=torch.float32, device=device) if with_grad and has_conf else None,
         }
         step = chunk_rows or max(1, min(rows, _BUFFER_BYTES // (4 * max(vocab, 1))))
-        lm = lm_head.float()
-        target_lm = target_lm_head.float()
-        w2 = markov_w2.float() if has_markov else None
         for start in range(0, rows, step):
             sl = slice(start, min(start + step, rows))
-            h = hidden[sl].detach().float()
-            draft = h @ lm.T
+            draft = vocab_product(hidden[sl].detach(), lm_head)
             if has_markov:
-                emb = markov_emb[sl].detach().float()
-                draft += emb @ w2.T
-            target = target_hidden[sl].detach().float() @ target_lm.T
+                emb = markov_emb[sl].detach()
+                draft += vocab_product(emb, markov_w2)
+            target = vocab_product(target_hidden[sl].detach(), target_lm_head)
             grad_z = grads["z"][sl] if grads["z"] is not None else stats[0, sl]
             args = (
                 draft, target, labels[sl].contiguous(), coef[sl].contiguous(),
@@ -152,10 +158,10 @@ class FusedDSparkLoss(torch.autograd.Function):
                    dict(HAS_CONF=has_conf, WITH_GRAD=with_grad), device=device, table=CONFIGS, key=(vocab,),
                    tunable=False)
             if with_grad:  # draft now holds d loss / d draft logits for these rows
-                grads["hidden"][sl] = draft @ lm
+                grads["hidden"][sl] = _grad_product(draft, lm_head)
                 if has_markov:
-                    grads["emb"][sl] = draft @ w2
-                    grads["w2"] += draft.T @ emb
+                    grads["emb"][sl] = _grad_product(draft, markov_w2)
+                    grads["w2"] += _grad_product(draft.T, emb)
         ctx.grads = grads
         ctx.dtypes = (hidden.dtype, None if markov_emb is None else markov_emb.dtype,
                       None if markov_w2 is None else markov_w2.dtype,

@@ -51,6 +51,23 @@ def test_loss_kernel_values_and_gradients(rows, dim, vocab, rank, with_markov, w
         assert_within_reference_error(g, b, o, name=f"grad {name}", floor=1e-5)
 
 
+@given(rows=st.integers(1, 6), dim=st.integers(1, 7), vocab=st.integers(2, 41), with_markov=st.booleans(),
+       chunk=st.sampled_from([None, 2]), seed=st.integers(0, 2**31))
+def test_loss_kernel_on_bf16_operands(rows, dim, vocab, with_markov, chunk, seed):
+    """bf16 inputs: the kernel runs its vocabulary products in bf16 as the PyTorch path does, so its error
+    against the float64 oracle stays within twice PyTorch's own bf16 error (floor: one bf16 ulp, 2^-8, of the
+    output scale, for rows where PyTorch happens to round exactly)."""
+    oracle, oracle_grads = _run(_inputs(rows, dim, vocab, 2, seed, with_markov, True, torch.float64), "reference")
+    inputs16 = _inputs(rows, dim, vocab, 2, seed, with_markov, True, torch.bfloat16)
+    got, got_grads = _run(inputs16, "triton", chunk)
+    base, base_grads = _run(inputs16, "torch")
+    for name, g, b, o in zip(("loss", "ce", "l1", "bce", "acceptance"), got, base, oracle):
+        assert_within_reference_error(g, b, o, name=name, floor=2**-8)
+    for name, g, b, o in zip(GRAD_NAMES, got_grads, base_grads, oracle_grads):
+        assert g.dtype == torch.bfloat16, f"grad {name} came back as {g.dtype}"
+        assert_within_reference_error(g, b, o, name=f"grad {name}", floor=2**-8)
+
+
 def test_chunked_torch_loss_equals_plain():
     inputs = _inputs(11, 5, 17, 3, 0, True, True, torch.float64)
     plain, plain_grads = _run(inputs, "torch")
