@@ -84,6 +84,24 @@ def cases(device: str, requests: int, scale: str):
     out.append(("block_attention", moved, {t: (lambda t=t: block_attention(
         q, k_ctx, v_ctx, k_blk, v_blk, ctx_len, backend=t)) for t in tiers}))
 
+    # 1b. Block attention, training layout, forward + backward: R blocks anchored over one sequence's context,
+    # gradients for every input. Its floor: every input and the output gradient read once, every gradient and
+    # the output written once.
+    qt = rand(1, requests, gamma, heads, head_dim).requires_grad_()
+    kt_ctx, vt_ctx = (rand(1, ctx, kv_heads, head_dim).requires_grad_() for _ in range(2))
+    kt_blk, vt_blk = (rand(1, requests, gamma, kv_heads, head_dim).requires_grad_() for _ in range(2))
+    anchors_at = torch.linspace(1, ctx, requests, device=device).long()[None]
+    grad_out = rand(*qt.shape)
+    moved = 2 * (2 * qt.numel() + 2 * kt_ctx.numel() + 2 * kt_blk.numel()) * el + qt.numel() * el
+
+    def attention_train(tier):
+        def run():
+            out = block_attention(qt, kt_ctx, vt_ctx, kt_blk, vt_blk, anchors_at, backend=tier)
+            torch.autograd.grad(out, (qt, kt_ctx, vt_ctx, kt_blk, vt_blk), grad_out)
+        return run
+
+    out.append(("block_attention_fwd_bwd", moved, {t: attention_train(t) for t in tiers}))
+
     # 2. Markov block sampler (vanilla; T = 1 and greedy). Its floor: the base logits read once, the draft
     # probabilities written once, and W2 read once per slot for all requests (slot k's bias needs the token
     # of slot k−1, and W2 does not fit on chip at this shape).

@@ -42,7 +42,8 @@ INSTRUCTIONS = {"wgmma": r"\bwgmma\.mma_async", "tcgen05": r"\btcgen05\.mma", "m
 # Kernels whose products run through tl.dot on bf16 at these shapes (given their constexprs): they must reach
 # the tensor cores. The Markov sampler's probs kernel reads top-k/top-p scratch instead of recomputing the bias,
 # and writes a one-hot when greedy.
-DOT_KERNELS = {"block_attention": lambda c: True, "markov_stats": lambda c: c["HAS_MARKOV"],
+DOT_KERNELS = {"block_attention": lambda c: True, "block_attention_bwd_query": lambda c: True,
+               "block_attention_bwd_context": lambda c: True, "markov_stats": lambda c: c["HAS_MARKOV"],
                "markov_probs": lambda c: c["HAS_MARKOV"] and not c["GREEDY"] and not c["SCRATCH"]}
 
 
@@ -88,6 +89,22 @@ def _paper_cases():
         attention._forward(q, k_ctx, k_ctx, k_blk, k_blk, torch.full((requests,), context),
                            torch.ones(requests, dtype=torch.bool), dim ** -0.5)
 
+    def attention_decode_split():
+        context, heads, kv, dim = 4096, 32, 8, 128  # one request: its context split among 8 programs per kv head
+        q = torch.empty(1, 1, gamma, heads, dim, **bf16)
+        k_ctx = torch.empty(1, context, kv, dim, **bf16)
+        k_blk = torch.empty(1, 1, gamma, kv, dim, **bf16)
+        attention._forward(q, k_ctx, k_ctx, k_blk, k_blk, torch.full((1,), context), torch.ones(1, dtype=torch.bool),
+                           dim ** -0.5, num_splits=8)
+
+    def attention_backward():
+        blocks, context, heads, kv, dim = 64, 4096, 32, 8, 128  # one training sequence, 64 anchored blocks
+        q = torch.empty(1, blocks, gamma, heads, dim, **bf16)
+        k_ctx = torch.empty(1, context, kv, dim, **bf16)
+        k_blk = torch.empty(1, blocks, gamma, kv, dim, **bf16)
+        attention._backward(q, torch.zeros(q.shape), torch.zeros(q.shape[:-1]), q, k_ctx, k_ctx, k_blk, k_blk,
+                            torch.full((1, blocks), context), torch.ones(1, blocks, dtype=torch.bool), dim ** -0.5)
+
     def markov_case(**sampling):
         def run():
             requests = 64
@@ -128,6 +145,8 @@ def _paper_cases():
                                ce_weight=0.1, l1_weight=0.9, confidence_weight=1.0)
 
     return [("block_attention bf16 decode (R=64, ctx 4096)", attention_decode),
+            ("block_attention bf16 decode, split context (R=1, ctx 4096)", attention_decode_split),
+            ("block_attention bf16 backward (64 blocks, ctx 4096)", attention_backward),
             ("markov T=1 (R=64)", markov_case(temperature=1.0)),
             ("markov T=1 top-k top-p (R=64)", markov_case(temperature=1.0, top_k=20, top_p=0.9)),
             ("markov greedy (R=64)", markov_case(temperature=0.0)),

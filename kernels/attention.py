@@ -11,8 +11,18 @@ Blackwell) with fp32 accumulation, and the softmax weights are rounded to the in
 product, as flash attention does; fp32 inputs run IEEE fp32 products (no TF32) and fp64 inputs fp64 ones,
 so those two match the oracle to their own rounding.
 
-Forward only: the backward pass recomputes the attention with the PyTorch implementation and
-differentiates that (``BlockAttentionFunction``), which is exact but not fused.
+Backward (flash-attention 2's recipe): the forward also stores each row's log-sum-exp, and two kernels
+recompute the probabilities tile by tile from it, with ``Δ = rowsum(dO ∘ O)``:
+
+* one program per (block, kv head) walks the same tiles as the forward and produces dQ, and the gradients
+  of the block's own keys and values (only that block's queries read them);
+* one program per (sequence, kv head, context tile) walks the blocks that see its tile and accumulates that
+  tile's dK and dV, so context gradients, which many blocks share in training, need no atomics and are
+  deterministic.
+
+With ``P = exp(S − lse)`` and ``dS = P ∘ (dO·Vᵀ − Δ)``: ``dQ = scale·dS·K``, ``dK = scale·dSᵀ·Q``,
+``dV = Pᵀ·dO``. Half-precision operands go into the products as they are (P and dS rounded to the input
+dtype first), with fp32 accumulation.
 """
 
 from __future__ import annotations
@@ -61,18 +71,27 @@ def _online_update(q, keys, values, valid, run_max, run_sum, acc, scale, ACC: tl
 
 @triton.jit
 def _block_attention_kernel(
-    q_ptr, kc_ptr, vc_ptr, kb_ptr, vb_ptr, ctx_len_ptr, valid_ptr, scale_ptr, out_ptr,
-    num_blocks, gamma, group, head_dim,
+    q_ptr, kc_ptr, vc_ptr, kb_ptr, vb_ptr, ctx_len_ptr, valid_ptr, scale_ptr, out_ptr, lse_ptr, out_acc_ptr,
+    part_ptr, part_stat_ptr,
+    num_blocks, gamma, group, head_dim, split_len,
     sq_b, sq_n, sq_k, sq_h,
     skc_b, skc_s, skc_h,
     skb_b, skb_n, skb_k, skb_h,
     so_b, so_n, so_k, so_h,
     BLOCK_M: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    ACC: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    ACC: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, STORE_LSE: tl.constexpr,
+    SPLIT: tl.constexpr,
 ):
-    """Mirrors ``dspark.reference.attention.block_attention`` for one (block, kv head)."""
+    """Mirrors ``dspark.reference.attention.block_attention`` for one (block, kv head, context split).
+
+    Split ``s`` (grid axis 2) reads context rows ``[s·split_len, (s+1)·split_len)`` below ``ctx_len``, and the
+    last split also the block's own keys. With ``SPLIT`` each split writes its unnormalised partial output
+    and its running max and sum for :func:`_combine_splits`; otherwise (one split) the output itself, and with
+    ``STORE_LSE`` also, for the backward pass, each row's log-sum-exp of scaled scores (``[B, N, γ, Hq]``)
+    and the output before its rounding to the input dtype."""
     pid = tl.program_id(0).to(tl.int64)
     kv = tl.program_id(1).to(tl.int64)
+    split = tl.program_id(2)
     b = pid // num_blocks
     n = pid % num_blocks
     rows = tl.arange(0, BLOCK_M)
@@ -94,9 +113,11 @@ def _block_attention_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], ACC)
     kc_base = kc_ptr + b * skc_b + kv * skc_h
     vc_base = vc_ptr + b * skc_b + kv * skc_h
-    for s0 in range(0, ctx_len, BLOCK_N):
+    lo = split * split_len
+    hi = tl.minimum(lo + split_len, ctx_len)
+    for s0 in range(lo, hi, BLOCK_N):
         cols = s0 + tl.arange(0, BLOCK_N)
-        col_mask = cols < ctx_len
+        col_mask = cols < hi
         kv_off = cols[:, None] * skc_s + dims[None, :]
         tile_mask = col_mask[:, None] & dim_mask[None, :]
         keys = tl.load(kc_base + kv_off, mask=tile_mask, other=0.0)
@@ -106,6 +127,113 @@ def _block_attention_kernel(
         run_max, run_sum, acc = _online_update(q, keys, values, col_mask[None, :], run_max, run_sum, acc, scale,
                                                ACC, PRECISION)
 
+    if split == tl.num_programs(2) - 1:
+        js = tl.arange(0, BLOCK_J)
+        j_mask = js < gamma
+        kb_off = b * skb_b + n * skb_n + kv * skb_h + js[:, None] * skb_k + dims[None, :]
+        tile_mask = j_mask[:, None] & dim_mask[None, :]
+        keys = tl.load(kb_ptr + kb_off, mask=tile_mask, other=0.0)
+        values = tl.load(vb_ptr + kb_off, mask=tile_mask, other=0.0)
+        if UPCAST:
+            keys, values = keys.to(ACC), values.to(ACC)
+        run_max, run_sum, acc = _online_update(q, keys, values, j_mask[None, :], run_max, run_sum, acc, scale,
+                                               ACC, PRECISION)
+
+    num_heads = group * tl.num_programs(1)
+    if SPLIT:
+        row = (split * tl.num_programs(0) + pid) * gamma * num_heads + slot * num_heads + head
+        tl.store(part_ptr + row[:, None] * head_dim + dims[None, :], acc, mask=row_mask[:, None] & dim_mask[None, :])
+        tl.store(part_stat_ptr + 2 * row, run_max, mask=row_mask)
+        tl.store(part_stat_ptr + 2 * row + 1, run_sum, mask=row_mask)
+    else:
+        out = acc / tl.where(run_sum > 0, run_sum, 1.0)[:, None]
+        out = tl.where(valid, out, 0.0)
+        o_off = b * so_b + n * so_n + slot[:, None] * so_k + head[:, None] * so_h + dims[None, :]
+        tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & dim_mask[None, :])
+        if STORE_LSE:
+            tl.store(out_acc_ptr + o_off, out, mask=row_mask[:, None] & dim_mask[None, :])
+            # Every row sees its own block's γ ≥ 1 keys, so its sum is positive and the log finite.
+            tl.store(lse_ptr + pid * gamma * num_heads + slot * num_heads + head, run_max + tl.log(run_sum),
+                     mask=row_mask)
+
+
+@triton.jit
+def _row_tiles(q_ptr, do_ptr, lse_ptr, delta_ptr, blk, kv, gamma, group, head_dim,
+               sq_b, sq_n, sq_k, sq_h, num_blocks,
+               BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, ACC: tl.constexpr, UPCAST: tl.constexpr):
+    """The query and output-gradient rows (slot, query head) of block ``blk`` and kv head ``kv``, with their
+    log-sum-exp and Δ; rows past γ·G are masked (``row_mask``)."""
+    b = blk // num_blocks
+    n = blk % num_blocks
+    rows = tl.arange(0, BLOCK_M)
+    slot = rows // group
+    head = kv * group + rows % group
+    row_mask = rows < gamma * group
+    dims = tl.arange(0, BLOCK_D)
+    tile_mask = row_mask[:, None] & (dims < head_dim)[None, :]
+    offs = b * sq_b + n * sq_n + slot[:, None] * sq_k + head[:, None] * sq_h + dims[None, :]
+    q = tl.load(q_ptr + offs, mask=tile_mask, other=0.0)
+    do = tl.load(do_ptr + offs, mask=tile_mask, other=0.0)
+    if UPCAST:
+        q, do = q.to(ACC), do.to(ACC)
+    num_heads = group * tl.num_programs(1)
+    stat = blk * gamma * num_heads + slot * num_heads + head
+    lse = tl.load(lse_ptr + stat, mask=row_mask, other=0.0)
+    delta = tl.load(delta_ptr + stat, mask=row_mask, other=0.0)
+    return q, do, lse, delta, row_mask, offs, tile_mask
+
+
+@triton.jit
+def _score_grads(q, do, keys, values, lse, delta, visible, scale, ACC: tl.constexpr, PRECISION: tl.constexpr):
+    """P = exp(S − lse) and dS = P ∘ (dO·Vᵀ − Δ) of one tile, zero where not ``visible``."""
+    scores = tl.dot(q, tl.trans(keys), input_precision=PRECISION, out_dtype=ACC) * scale
+    p = tl.where(visible, tl.exp(scores - lse[:, None]), 0.0)
+    dp = tl.dot(do, tl.trans(values), input_precision=PRECISION, out_dtype=ACC)
+    return p, p * (dp - delta[:, None])
+
+
+@triton.jit
+def _block_attention_bwd_query_kernel(
+    q_ptr, kc_ptr, vc_ptr, kb_ptr, vb_ptr, do_ptr, lse_ptr, delta_ptr, ctx_len_ptr, valid_ptr, scale_ptr,
+    dq_ptr, dkb_ptr, dvb_ptr,
+    num_blocks, gamma, group, head_dim,
+    sq_b, sq_n, sq_k, sq_h,
+    skc_b, skc_s, skc_h,
+    skb_b, skb_n, skb_k, skb_h,
+    BLOCK_M: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    ACC: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """dQ of one (block, kv head), and the gradients of that block's own keys and values."""
+    pid = tl.program_id(0).to(tl.int64)
+    kv = tl.program_id(1).to(tl.int64)
+    b = pid // num_blocks
+    n = pid % num_blocks
+    q, do, lse, delta, row_mask, q_off, q_mask = _row_tiles(
+        q_ptr, do_ptr, lse_ptr, delta_ptr, pid, kv, gamma, group, head_dim, sq_b, sq_n, sq_k, sq_h, num_blocks,
+        BLOCK_M, BLOCK_D, ACC, UPCAST)
+    # A padding block's output is a constant zero: nothing flows back through it.
+    live = row_mask & (tl.load(valid_ptr + pid) != 0)
+    scale = tl.load(scale_ptr).to(ACC)
+    ctx_len = tl.load(ctx_len_ptr + pid)
+    dims = tl.arange(0, BLOCK_D)
+    dim_mask = dims < head_dim
+
+    dq = tl.zeros([BLOCK_M, BLOCK_D], ACC)
+    kc_base = kc_ptr + b * skc_b + kv * skc_h
+    vc_base = vc_ptr + b * skc_b + kv * skc_h
+    for s0 in range(0, ctx_len, BLOCK_N):
+        cols = s0 + tl.arange(0, BLOCK_N)
+        col_mask = cols < ctx_len
+        kv_off = cols[:, None] * skc_s + dims[None, :]
+        tile_mask = col_mask[:, None] & dim_mask[None, :]
+        keys = tl.load(kc_base + kv_off, mask=tile_mask, other=0.0)
+        values = tl.load(vc_base + kv_off, mask=tile_mask, other=0.0)
+        if UPCAST:
+            keys, values = keys.to(ACC), values.to(ACC)
+        _, ds = _score_grads(q, do, keys, values, lse, delta, live[:, None] & col_mask[None, :], scale, ACC,
+                             PRECISION)
+        dq += tl.dot(ds.to(keys.dtype), keys, input_precision=PRECISION, out_dtype=ACC)
+
     js = tl.arange(0, BLOCK_J)
     j_mask = js < gamma
     kb_off = b * skb_b + n * skb_n + kv * skb_h + js[:, None] * skb_k + dims[None, :]
@@ -114,83 +242,239 @@ def _block_attention_kernel(
     values = tl.load(vb_ptr + kb_off, mask=tile_mask, other=0.0)
     if UPCAST:
         keys, values = keys.to(ACC), values.to(ACC)
-    run_max, run_sum, acc = _online_update(q, keys, values, j_mask[None, :], run_max, run_sum, acc, scale,
-                                           ACC, PRECISION)
+    p, ds = _score_grads(q, do, keys, values, lse, delta, live[:, None] & j_mask[None, :], scale, ACC, PRECISION)
+    dq += tl.dot(ds.to(keys.dtype), keys, input_precision=PRECISION, out_dtype=ACC)
+    dv_blk = tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PRECISION, out_dtype=ACC)
+    dk_blk = tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION, out_dtype=ACC) * scale
+    tl.store(dq_ptr + q_off, (dq * scale).to(dq_ptr.dtype.element_ty), mask=q_mask)
+    tl.store(dkb_ptr + kb_off, dk_blk.to(dkb_ptr.dtype.element_ty), mask=tile_mask)
+    tl.store(dvb_ptr + kb_off, dv_blk.to(dvb_ptr.dtype.element_ty), mask=tile_mask)
 
-    out = acc / tl.where(run_sum > 0, run_sum, 1.0)[:, None]
-    out = tl.where(valid, out, 0.0)
-    o_off = b * so_b + n * so_n + slot[:, None] * so_k + head[:, None] * so_h + dims[None, :]
-    tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & dim_mask[None, :])
+
+@triton.jit
+def _block_attention_bwd_context_kernel(
+    q_ptr, kc_ptr, vc_ptr, do_ptr, lse_ptr, delta_ptr, ctx_len_ptr, valid_ptr, scale_ptr,
+    dkc_ptr, dvc_ptr,
+    num_blocks, gamma, group, head_dim, context,
+    sq_b, sq_n, sq_k, sq_h,
+    skc_b, skc_s, skc_h,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    ACC: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """dK and dV of one tile of one sequence's context rows for one kv head, summed over the blocks that see it."""
+    pid = tl.program_id(0).to(tl.int64)
+    kv = tl.program_id(1).to(tl.int64)
+    num_tiles = tl.cdiv(context, BLOCK_N)
+    b = pid // num_tiles
+    start = (pid % num_tiles) * BLOCK_N
+    cols = start + tl.arange(0, BLOCK_N)
+    dims = tl.arange(0, BLOCK_D)
+    tile_mask = (cols < context)[:, None] & (dims < head_dim)[None, :]
+    kv_off = b * skc_b + kv * skc_h + cols[:, None] * skc_s + dims[None, :]
+    keys = tl.load(kc_ptr + kv_off, mask=tile_mask, other=0.0)
+    values = tl.load(vc_ptr + kv_off, mask=tile_mask, other=0.0)
+    if UPCAST:
+        keys, values = keys.to(ACC), values.to(ACC)
+    scale = tl.load(scale_ptr).to(ACC)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], ACC)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], ACC)
+    for n in range(0, num_blocks):
+        blk = b * num_blocks + n
+        ctx_len = tl.load(ctx_len_ptr + blk)
+        if (tl.load(valid_ptr + blk) != 0) & (ctx_len > start):
+            q, do, lse, delta, row_mask, _, _ = _row_tiles(
+                q_ptr, do_ptr, lse_ptr, delta_ptr, blk, kv, gamma, group, head_dim, sq_b, sq_n, sq_k, sq_h,
+                num_blocks, BLOCK_M, BLOCK_D, ACC, UPCAST)
+            visible = row_mask[:, None] & (cols < ctx_len)[None, :]
+            p, ds = _score_grads(q, do, keys, values, lse, delta, visible, scale, ACC, PRECISION)
+            dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PRECISION, out_dtype=ACC)
+            dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION, out_dtype=ACC)
+    tl.store(dkc_ptr + kv_off, (dk * scale).to(dkc_ptr.dtype.element_ty), mask=tile_mask)
+    tl.store(dvc_ptr + kv_off, dv.to(dvc_ptr.dtype.element_ty), mask=tile_mask)
 
 
-def _forward(q, k_ctx, v_ctx, k_blk, v_blk, ctx_len, block_valid, scale):
-    batch, num_blocks, gamma, num_heads, head_dim = q.shape
-    num_kv = k_ctx.shape[2]
-    group = num_heads // num_kv
-    q, k_blk, v_blk = q.contiguous(), k_blk.contiguous(), v_blk.contiguous()
-    k_ctx, v_ctx = k_ctx.contiguous(), v_ctx.contiguous()
-    out = empty_output(*q.shape, dtype=q.dtype, device=q.device)
-    if q.numel() == 0:
-        return out
-    acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-    scale_t = torch.tensor([scale], dtype=acc_dtype, device=q.device)
+# Backward tiles: the query-side kernel walks context tiles of BLOCK_N keys as the forward does; the context-side
+# kernel owns BLOCK_N context rows and walks the blocks. Both hold Q, dO and fp32 accumulators in registers,
+# so at the paper's training shape (compile_matrix.py) only 8 warps avoid spilling: on Hopper BLOCK_N = 64
+# for the query side, while every context-side tile compiled spills (16 rows the least, 128 B); on Blackwell
+# BLOCK_N = 16 for both. No config here has been run on a GPU yet.
+BWD_QUERY_CONFIGS = {
+    "interpreter": [dict(BLOCK_N=8, num_warps=1, num_stages=1)],
+    "sm90": [dict(BLOCK_N=64, num_warps=8, num_stages=2), dict(BLOCK_N=64, num_warps=8, num_stages=1),
+             dict(BLOCK_N=16, num_warps=8, num_stages=1)],
+    "sm100": [dict(BLOCK_N=16, num_warps=8, num_stages=1,
+                   label="compiled sm_100/sm_103 (Triton 3.9, paper training shape): 254 regs, 0 B spill, "
+                         "tcgen05; never run")],
+    "other": [dict(BLOCK_N=32, num_warps=4, num_stages=1)],
+}
+BWD_CONTEXT_CONFIGS = {
+    "interpreter": [dict(BLOCK_N=8, num_warps=1, num_stages=1)],
+    "sm90": [dict(BLOCK_N=16, num_warps=8, num_stages=1), dict(BLOCK_N=64, num_warps=8, num_stages=2)],
+    "sm100": [dict(BLOCK_N=16, num_warps=8, num_stages=1,
+                   label="compiled sm_100/sm_103 (Triton 3.9, paper training shape): 255 regs, 0 B spill, "
+                         "tcgen05; never run")],
+    "other": [dict(BLOCK_N=32, num_warps=4, num_stages=1)],
+}
+
+
+def _tiles(q: torch.Tensor, gamma: int, group: int, head_dim: int) -> dict:
+    """Tile sizes and arithmetic shared by the forward and backward launches."""
     # The interpreter computes bf16/fp16 arithmetic on raw bits, so there half-precision tiles are upcast
     # after loading (the same kernel, its fp32 path); a GPU feeds them to the tensor cores as they are.
     upcast = q.dtype in (torch.float32, torch.float64) or interpreting()
-    elem = 4 if upcast else q.element_size()
     # Rows are (slot, query head) pairs of one KV group. Tensor-core MMAs on Hopper and Blackwell (wgmma,
     # tcgen05) take 64 rows at least, so half-precision tiles are padded to 64; padding rows are masked.
-    block_m = max(16 if upcast else 64, next_power_of_2(gamma * group))
-    block_d = max(16, next_power_of_2(head_dim))
-    smem = shared_memory_bytes(q.device)
-
-    def fits(c):
-        # Pipelined K/V tiles (num_stages copies) plus the dot operands' staging buffers. Triton 3.6 asked
-        # 272 KiB for fp32, BLOCK_N=64, 3 stages, head_dim 128 on an H200 (227 KiB); this bound gives 288.
-        staged = c["num_stages"] * 2 * c["BLOCK_N"] * block_d * elem
-        operands = 2 * (block_m + c["BLOCK_N"]) * block_d * elem
-        return staged + operands <= smem
-
-    args = (
-        q, k_ctx, v_ctx, k_blk, v_blk, ctx_len.contiguous(), block_valid.to(torch.int8).contiguous(), scale_t, out,
-        num_blocks, gamma, group, head_dim,
-        q.stride(0), q.stride(1), q.stride(2), q.stride(3),
-        k_ctx.stride(0), k_ctx.stride(1), k_ctx.stride(2),
-        k_blk.stride(0), k_blk.stride(1), k_blk.stride(2), k_blk.stride(3),
-        out.stride(0), out.stride(1), out.stride(2), out.stride(3),
-    )
-    constexprs = dict(
-        BLOCK_M=block_m, BLOCK_J=max(16, next_power_of_2(gamma)), BLOCK_D=block_d, ACC=accumulator(q.dtype),
+    return dict(
+        BLOCK_M=max(16 if upcast else 64, next_power_of_2(gamma * group)),
+        BLOCK_D=max(16, next_power_of_2(head_dim)), ACC=accumulator(q.dtype),
         # fp32 operands must not drop to TF32 (1e-3 error); fp64 and half-precision operands take the default
         # path (fp64 products; tensor cores for bf16/fp16).
         PRECISION="ieee" if q.dtype == torch.float32 or (upcast and q.dtype != torch.float64) else None,
         UPCAST=upcast,
     )
-    launch("block_attention", _block_attention_kernel, (batch * num_blocks, num_kv), args, constexprs,
-           device=q.device, table=CONFIGS, key=(gamma * group, head_dim), fits=fits)
-    return out
+
+
+def _store_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a kernel writes an output of ``dtype`` in: the interpreter's fp32 → bf16 cast truncates where a
+    GPU's rounds to nearest, so under it half-precision outputs are written in fp32 and rounded by PyTorch."""
+    return torch.float32 if interpreting() and dtype in (torch.bfloat16, torch.float16) else dtype
+
+
+def _fits(q: torch.Tensor, tiles: dict, tiles_in_flight: int):
+    """A shape predicate: pipelined K/V tiles (num_stages copies) plus the dot operands' staging buffers fit in
+    shared memory. Triton 3.6 asked 272 KiB for fp32, BLOCK_N=64, 3 stages, head_dim 128 on an H200 (227 KiB);
+    this bound gives 288. The backward stages more operands per tile (``tiles_in_flight``)."""
+    elem = 4 if tiles["UPCAST"] else q.element_size()
+    smem = shared_memory_bytes(q.device)
+    block_m, block_d = tiles["BLOCK_M"], tiles["BLOCK_D"]
+
+    def fits(c):
+        staged = c["num_stages"] * 2 * c["BLOCK_N"] * block_d * elem
+        operands = tiles_in_flight * (block_m + c["BLOCK_N"]) * block_d * elem
+        return staged + operands <= smem
+
+    return fits
+
+
+def _forward(q, k_ctx, v_ctx, k_blk, v_blk, ctx_len, block_valid, scale, with_lse=False, num_splits=None):
+    """The output ``[B, N, γ, Hq, D]``; with ``with_lse`` also each row's log-sum-exp ``[B, N, γ, Hq]`` and the
+    output in the accumulator's precision (else those two are placeholders). ``num_splits`` splits each
+    block's context among that many programs (default: :func:`_split_count`; always 1 with ``with_lse``)."""
+    batch, num_blocks, gamma, num_heads, head_dim = q.shape
+    context, num_kv = k_ctx.shape[1], k_ctx.shape[2]
+    group = num_heads // num_kv
+    q, k_blk, v_blk = q.contiguous(), k_blk.contiguous(), v_blk.contiguous()
+    k_ctx, v_ctx = k_ctx.contiguous(), v_ctx.contiguous()
+    acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    out = empty_output(*q.shape, dtype=_store_dtype(q.dtype), device=q.device)
+    lse = empty_output(*q.shape[:-1], dtype=acc_dtype, device=q.device) if with_lse else out
+    # Δ = rowsum(dO ∘ O) in the backward cancels to fp32 accuracy only from an O that was never rounded to bf16.
+    out_acc = empty_output(*q.shape, dtype=acc_dtype, device=q.device) if with_lse else out
+    if q.numel() == 0:
+        return out.to(q.dtype), lse, out_acc
+    if with_lse:
+        num_splits = 1
+    elif num_splits is None:
+        num_splits = _split_count(q.device, batch * num_blocks * num_kv, context)
+    num_splits = max(1, min(num_splits, context))
+    split_len = triton.cdiv(max(context, 1), num_splits)
+    parts = stats = out
+    if num_splits > 1:
+        parts = empty_output(num_splits, *q.shape, dtype=acc_dtype, device=q.device)
+        stats = empty_output(num_splits, *q.shape[:-1], 2, dtype=acc_dtype, device=q.device)
+    scale_t = torch.tensor([scale], dtype=acc_dtype, device=q.device)
+    tiles = _tiles(q, gamma, group, head_dim)
+    valid = block_valid.to(torch.int8).contiguous()
+    args = (
+        q, k_ctx, v_ctx, k_blk, v_blk, ctx_len.contiguous(), valid, scale_t, out,
+        lse, out_acc, parts, stats, num_blocks, gamma, group, head_dim, split_len,
+        q.stride(0), q.stride(1), q.stride(2), q.stride(3),
+        k_ctx.stride(0), k_ctx.stride(1), k_ctx.stride(2),
+        k_blk.stride(0), k_blk.stride(1), k_blk.stride(2), k_blk.stride(3),
+        out.stride(0), out.stride(1), out.stride(2), out.stride(3),
+    )
+    constexprs = dict(BLOCK_J=max(16, next_power_of_2(gamma)), STORE_LSE=with_lse, SPLIT=num_splits > 1, **tiles)
+    launch("block_attention", _block_attention_kernel, (batch * num_blocks, num_kv, num_splits), args, constexprs,
+           device=q.device, table=CONFIGS, key=(gamma * group, head_dim), fits=_fits(q, tiles, 2))
+    if num_splits > 1:
+        return _combine_splits(parts, stats, valid).to(q.dtype), lse, out_acc
+    return out.to(q.dtype), lse, out_acc
+
+
+def _split_count(device: torch.device, programs: int, context: int) -> int:
+    """How many programs share each block's context: enough for about two programs per multiprocessor when
+    few (block, kv head) pairs are in flight (decode at small batch over a long cache), with at least 512
+    context rows per split so each still streams whole tiles; 1 off CUDA and whenever the grid is already full."""
+    if device.type != "cuda":
+        return 1
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    if programs >= sms:
+        return 1
+    return max(1, min(triton.cdiv(2 * sms, programs), context // 512))
+
+
+def _combine_splits(parts: torch.Tensor, stats: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Merge split partials: ``parts [S, B, N, γ, Hq, D]`` unnormalised outputs and ``stats [S, B, N, γ, Hq, 2]``
+    their running max and sum. Every row's last split saw the block's own keys, so the merged max is finite."""
+    run_max, run_sum = stats.unbind(-1)
+    weight = torch.exp(run_max - run_max.amax(0, keepdim=True))  # exp(-inf) = 0 for a split that saw nothing
+    out = (weight[..., None] * parts).sum(0) / (weight * run_sum).sum(0)[..., None]
+    return out * valid.bool()[:, :, None, None, None]
+
+
+def _backward(grad_out, out_acc, lse, q, k_ctx, v_ctx, k_blk, v_blk, ctx_len, block_valid, scale):
+    """dQ, dK_ctx, dV_ctx, dK_blk, dV_blk, each in its input's dtype and shape."""
+    batch, num_blocks, gamma, num_heads, head_dim = q.shape
+    context, num_kv = k_ctx.shape[1], k_ctx.shape[2]
+    group = num_heads // num_kv
+    inputs = (q, k_ctx, v_ctx, k_blk, v_blk)
+    grads = [empty_output(*t.shape, dtype=_store_dtype(t.dtype), device=t.device) for t in inputs]
+    if q.numel() == 0 or k_ctx.numel() + k_blk.numel() == 0:
+        return [g.zero_().to(t.dtype) for g, t in zip(grads, inputs)]
+    dq, dk_ctx, dv_ctx, dk_blk, dv_blk = grads
+    grad_out = grad_out.contiguous()
+    # Δ = rowsum(dO ∘ O): the softmax's own term in dS, one number per row.
+    delta = (grad_out.to(lse.dtype) * out_acc).sum(-1).contiguous()
+    scale_t = torch.tensor([scale], dtype=lse.dtype, device=q.device)
+    ctx_len, valid = ctx_len.contiguous(), block_valid.to(torch.int8).contiguous()
+    tiles = _tiles(q, gamma, group, head_dim)
+    strides = (q.stride(0), q.stride(1), q.stride(2), q.stride(3), k_ctx.stride(0), k_ctx.stride(1), k_ctx.stride(2))
+    launch("block_attention_bwd_query", _block_attention_bwd_query_kernel, (batch * num_blocks, num_kv),
+           (q, k_ctx, v_ctx, k_blk, v_blk, grad_out, lse, delta, ctx_len, valid, scale_t, dq, dk_blk, dv_blk,
+            num_blocks, gamma, group, head_dim, *strides,
+            k_blk.stride(0), k_blk.stride(1), k_blk.stride(2), k_blk.stride(3)),
+           dict(BLOCK_J=max(16, next_power_of_2(gamma)), **tiles), device=q.device, table=BWD_QUERY_CONFIGS,
+           key=(gamma * group, head_dim), fits=_fits(q, tiles, 4))
+    if context == 0:
+        return [g.to(t.dtype) for g, t in zip(grads, inputs)]
+
+    # One program per (sequence, context tile of BLOCK_N rows, kv head): the grid depends on the config's tile.
+    launch("block_attention_bwd_context", _block_attention_bwd_context_kernel,
+           lambda meta: (batch * triton.cdiv(context, meta["BLOCK_N"]), num_kv),
+           (q, k_ctx, v_ctx, grad_out, lse, delta, ctx_len, valid, scale_t, dk_ctx, dv_ctx,
+            num_blocks, gamma, group, head_dim, context, *strides),
+           tiles, device=q.device, table=BWD_CONTEXT_CONFIGS, key=(gamma * group, head_dim), fits=_fits(q, tiles, 4))
+    return [g.to(t.dtype) for g, t in zip(grads, inputs)]
 
 
 class BlockAttentionFunction(torch.autograd.Function):
-    """Triton forward; backward by differentiating the PyTorch implementation on the saved inputs."""
+    """Triton forward and fused Triton backward."""
 
     @staticmethod
     def forward(ctx, q, k_ctx, v_ctx, k_blk, v_blk, ctx_len, block_valid, scale):
-        ctx.save_for_backward(q, k_ctx, v_ctx, k_blk, v_blk, ctx_len, block_valid)
+        q, k_ctx, v_ctx, k_blk, v_blk = (t.contiguous() for t in (q, k_ctx, v_ctx, k_blk, v_blk))
+        wants_grad = any(ctx.needs_input_grad[:5])
+        out, lse, out_acc = _forward(q, k_ctx, v_ctx, k_blk, v_blk, ctx_len, block_valid, scale, with_lse=wants_grad)
+        if wants_grad:
+            ctx.save_for_backward(q, k_ctx, v_ctx, k_blk, v_blk, ctx_len, block_valid, out_acc, lse)
         ctx.scale = scale
-        return _forward(q, k_ctx, v_ctx, k_blk, v_blk, ctx_len, block_valid, scale)
+        return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        from dspark.attention import _block_attention_torch
-
-        q, k_ctx, v_ctx, k_blk, v_blk, ctx_len, block_valid = ctx.saved_tensors
-        inputs = [t.detach().requires_grad_(t.requires_grad) for t in (q, k_ctx, v_ctx, k_blk, v_blk)]
-        with torch.enable_grad():
-            out = _block_attention_torch(*inputs, ctx_len, block_valid, ctx.scale)
-            wanted = [t for t in inputs if t.requires_grad]
-            grads = iter(torch.autograd.grad(out, wanted, grad_out))
-        return (*[next(grads) if t.requires_grad else None for t in inputs], None, None, None)
+        q, k_ctx, v_ctx, k_blk, v_blk, ctx_len, block_valid, out_acc, lse = ctx.saved_tensors
+        grads = _backward(grad_out, out_acc, lse, q, k_ctx, v_ctx, k_blk, v_blk, ctx_len, block_valid, ctx.scale)
+        return (*[g if need else None for g, need in zip(grads, ctx.needs_input_grad[:5])], None, None, None)
 
 
 def block_attention(q, k_ctx, v_ctx, k_blk, v_blk, ctx_len, block_valid, scale):

@@ -117,6 +117,35 @@ def test_attention_paper_scale_bf16():
                  rtol=1e-2, atol=1e-2, name="bf16 attention")
 
 
+def test_attention_backward_paper_training_shape():
+    """The fused backward at a training layout: 64 blocks over one 2048-row context, GQA 32/8, head 128.
+    fp32 within twice the module's own error against fp64; bf16 within the module's bf16 error plus one
+    bf16 rounding of each gradient's scale (P and dS are rounded to bf16 before their products)."""
+    gen = _gen(5)
+    blocks, ctx, heads, kv, dim = 64, 2048, 32, 8, 128
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen, device=CUDA)
+
+    args = dict(q=rand(1, blocks, GAMMA, heads, dim), k_ctx=rand(1, ctx, kv, dim), v_ctx=rand(1, ctx, kv, dim),
+                k_blk=rand(1, blocks, GAMMA, kv, dim), v_blk=rand(1, blocks, GAMMA, kv, dim),
+                ctx_len=torch.randint(0, ctx + 1, (1, blocks), generator=gen, device=CUDA),
+                block_valid=torch.rand(1, blocks, generator=gen, device=CUDA) < 0.9)
+    grad_out = rand(*args["q"].shape)
+    names = ("q", "k_ctx", "v_ctx", "k_blk", "v_blk")
+
+    def grads(backend, dtype):
+        leaves = {k: v.to(dtype).requires_grad_() if k in names else v for k, v in args.items()}
+        out = block_attention(**leaves, backend=backend)
+        return torch.autograd.grad(out, [leaves[k] for k in names], grad_out.to(dtype))
+
+    oracle = grads("torch", torch.float64)
+    for name, g, b, o in zip(names, grads("triton", torch.float32), grads("torch", torch.float32), oracle):
+        assert_within_reference_error(g, b, o, name=f"fp32 grad {name}")
+    for name, g, b, o in zip(names, grads("triton", torch.bfloat16), grads("torch", torch.bfloat16), oracle):
+        assert_within_reference_error(g, b, o, floor=2.0 ** -8, name=f"bf16 grad {name}")
+
+
 def test_confidence_and_scheduler_paper_scale():
     gen = _gen(3)
     requests, hidden = 256, 2560
@@ -161,6 +190,10 @@ def test_loss_paper_vocabulary():
     oracle, got, base = run("torch", torch.float64), run("triton", torch.float32), run("torch", torch.float32)
     for g, b, o in zip(got, base, oracle):
         assert_within_reference_error(g, b, o, floor=1e-5)
+    # bf16: the kernel's vocabulary products are the PyTorch path's, in bf16 (one bf16 rounding of slack).
+    got, base = run("triton", torch.bfloat16), run("torch", torch.bfloat16)
+    for g, b, o in zip(got, base, oracle):
+        assert_within_reference_error(g, b, o, floor=2.0 ** -8)
 
 
 if __name__ == "__main__":
