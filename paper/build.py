@@ -51,9 +51,121 @@ def quote(value: float, spec: str = "g") -> str:
     return text
 
 
-def load(name: str) -> dict | None:
+loaded: list[str] = []  # the results files the section being built has read, in order
+
+
+def load(name: str, cited: bool = True) -> dict | None:
+    """A results file, or None; ``cited`` files are listed in the provenance line of the section that read them."""
     path = RESULTS / f"{name}.json"
-    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+    if not path.exists():
+        return None
+    if cited and name not in loaded:
+        loaded.append(name)
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Provenance: each section names the commit its results were measured at, and whether the code they measured
+# has changed between that commit and the one the paper was built at. ``python -m paper.build`` asks git and
+# records the answer in paper/provenance.json; ``build()`` reads only that file, so the text can be rebuilt
+# (and tested) without git history, and tests/test_paper.py checks the file against git where there is one.
+
+PROVENANCE = PAPER / "provenance.json"
+LIBRARY = ["dspark", "kernels", "reference"]
+TRAINING = ["dspark/training.py", "dspark/corpus.py", "dspark/loss.py", "dspark/drafter.py", "dspark/backbone.py",
+            "dspark/attention.py", "dspark/markov.py", "dspark/confidence.py", "dspark/vocab.py", "dspark/data.py",
+            "dspark/target.py", "benchmarks/recipes"]
+# The code behind each results file: a change to any of these paths after its commit is named beside it.
+SOURCES = {
+    "acceptance_cpu": LIBRARY + ["benchmarks/bench_acceptance.py"],
+    "training_recipe": TRAINING + ["benchmarks/bench_recipe.py"],
+    "sweeps": TRAINING + ["benchmarks/bench_sweeps.py"],
+    "calibration_cpu": LIBRARY + ["benchmarks/bench_calibration.py"],
+    "scheduler": ["dspark/scheduler.py", "reference/scheduler.py", "kernels/scheduler.py",
+                  "benchmarks/bench_scheduler.py"],
+    "scheduler_measured_cpu": LIBRARY + ["benchmarks/bench_scheduler.py"],
+    "appendix_a": ["dspark/scheduler.py", "benchmarks/bench_appendix_a.py"],
+    "sps_cpu": ["dspark/target.py", "dspark/scheduler.py", "benchmarks/bench_sps.py"],
+    "sps_cuda": ["dspark/target.py", "dspark/scheduler.py", "benchmarks/bench_sps.py"],
+    "e2e_cpu": LIBRARY + ["benchmarks/bench_e2e.py"],
+    "kernels_cpu": LIBRARY + ["benchmarks/bench_kernels.py"],
+    "kernels_gpu": LIBRARY + ["benchmarks/bench_kernels.py"],
+    "training_cpu_default": LIBRARY + ["benchmarks/bench_training.py"],
+    "training_cpu_recipe": LIBRARY + ["benchmarks/bench_training.py"],
+    "training_cuda_paper": LIBRARY + ["benchmarks/bench_training.py"],
+    "compile_matrix_triton3.9": ["kernels", "benchmarks/compile_matrix.py"],
+    "compile_matrix_triton3.6": ["kernels", "benchmarks/compile_matrix.py"],
+}
+
+
+def _git(*args: str) -> str | None:
+    import subprocess
+
+    try:
+        done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+    except OSError:
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def compute_provenance(head: str | None = None) -> dict:
+    """For every results file: its commit, and the commits and files under its ``SOURCES`` that changed from
+    there to ``head`` (default: HEAD, ``-dirty`` when those paths hold uncommitted changes)."""
+    if head is None:
+        head = (_git("rev-parse", "--short", "HEAD") or "").strip()
+        if not head:
+            raise RuntimeError("paper provenance needs a git checkout (git rev-parse HEAD failed)")
+        watched = sorted({p for paths in SOURCES.values() for p in paths})
+        if (_git("status", "--porcelain", "--", *watched) or "").strip():
+            head += "-dirty"
+    base = head.split("-")[0]
+    results = {}
+    for name, paths in SOURCES.items():
+        path = RESULTS / f"{name}.json"
+        if not path.exists():
+            continue
+        commit = json.loads(path.read_text(encoding="utf-8"))["environment"]["commit"]
+        since = commit.split("-")[0]
+        # Test helpers live in the package but measure nothing.
+        spec = [*paths, ":(exclude)dspark/testing.py"]
+        count = _git("rev-list", "--count", f"{since}..{base}", "--", *spec)
+        changed = _git("diff", "--name-only", since, base, "--", *spec)
+        results[name] = {"commit": commit, "commits_since": None if count is None else int(count),
+                         "changed": None if changed is None else changed.split()}
+    return {"built_at": head, "results": results}
+
+
+def provenance_line(names: list[str], provenance: dict) -> str:
+    """One line naming, for each results file a section used, its commit and what changed since it."""
+    parts = []
+    for name in names:
+        if name not in SOURCES:
+            continue
+        entry = provenance["results"].get(name)
+        commit = load_commit(name)
+        if entry is None or entry["commit"] != commit:
+            raise RuntimeError(f"paper/provenance.json does not describe {name}.json at commit {commit}: "
+                               "run python -m paper.build")
+        printed.add(commit.split("-")[0])  # a commit of digits only would read as a number
+        if entry["commits_since"] is None:
+            parts.append(f"`{name}` at {commit} (not in this history)")
+        elif not entry["changed"]:
+            parts.append(f"`{name}` at {commit} (its code unchanged since)")
+        else:
+            shown = ", ".join(f"`{f}`" for f in entry["changed"][:4])
+            more = len(entry["changed"]) - 4
+            shown += f" and {num(more, 'd')} more" if more > 0 else ""
+            parts.append(f"`{name}` at {commit} ({num(entry['commits_since'], 'd')} later "
+                         f"commit{'s' if entry['commits_since'] != 1 else ''} changed {shown})")
+    if not parts:
+        return ""
+    built = provenance["built_at"]
+    printed.add(built.split("-")[0])
+    return f"*Provenance (paper built at {built}): " + "; ".join(parts) + ".*\n"
+
+
+def load_commit(name: str) -> str:
+    return json.loads((RESULTS / f"{name}.json").read_text(encoding="utf-8"))["environment"]["commit"]
 
 
 def _results(out: list[str], name: str, heading: str, script: str) -> dict | None:
@@ -97,7 +209,7 @@ def machine(result: dict) -> str:
 
 def drafter_date() -> str | None:
     """When training wrote the shipped DSpark drafter (``training_recipe.json``), if that was recorded."""
-    recipe = load("training_recipe")
+    recipe = load("training_recipe", cited=False)
     return recipe["arms"]["dspark"].get("written_at") if recipe and "dspark" in recipe["arms"] else None
 
 
@@ -846,7 +958,7 @@ def section_limits(out: list[str]) -> None:
     stale = [what for what, name in (("the sweeps (§3)", "sweeps"), ("calibration (§4)", "calibration_cpu"),
                                      ("the scheduler study's trained pool (§5)", "scheduler"),
                                      ("the scheduler study's whole decodes (§5)", "scheduler_measured_cpu"))
-             if shipped and load(name) and load(name)["environment"]["date"] < shipped]
+             if shipped and load(name, False) and load(name, False)["environment"]["date"] < shipped]
     if stale:
         listed = stale[0] if len(stale) == 1 else ", ".join(stale[:-1]) + " and " + stale[-1]
         verb, state = ("rests", "is") if len(stale) == 1 else ("rest", "are")
@@ -874,19 +986,24 @@ def build() -> str:
            "ShareGPT prompts. Each section says how its numbers were measured; the paper's own numbers are quoted "
            "beside them.\n"]
     figures = PAPER / "figures"
-    section_acceptance(out, figures)
-    section_training(out, figures)
-    section_sweeps(out, figures)
-    section_calibration(out, figures)
-    section_scheduler(out, figures)
-    section_speed(out, figures)
-    section_limits(out)
+    provenance = json.loads(PROVENANCE.read_text(encoding="utf-8")) if PROVENANCE.exists() else {"results": {}}
+    for section in (section_acceptance, section_training, section_sweeps, section_calibration, section_scheduler,
+                    section_speed, section_limits):
+        loaded.clear()
+        if section is section_limits:
+            section(out)
+        else:
+            section(out, figures)
+        line = provenance_line(loaded, provenance)
+        if line:
+            out.append(line)
     return "\n".join(out)
 
 
 def main() -> int:
     from dspark.io import atomic_write_text
 
+    atomic_write_text(PROVENANCE, json.dumps(compute_provenance(), indent=2) + "\n")
     text = build()
     atomic_write_text(PAPER / "dspark.md", text)
     print(f"wrote {PAPER / 'dspark.md'}")

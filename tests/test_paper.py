@@ -1,7 +1,11 @@
 """paper/dspark.md is exactly what paper/build.py makes of benchmarks/results: no number typed by hand."""
 
+import json
 import re
+import subprocess
 from pathlib import Path
+
+import pytest
 
 import paper.build as builder
 
@@ -30,3 +34,21 @@ def test_the_provenance_check_catches_a_typed_number(tmp_path, monkeypatch):
     monkeypatch.setattr(builder, "PAPER", tmp_path)
     text = builder.build() + "\nA speedup of 3.14× that nobody measured.\n"
     assert "3.14" in {n for n in NUMBER.findall(text) if n not in builder.printed and n not in STRUCTURAL}
+
+
+def test_provenance_is_what_git_says():
+    """paper/provenance.json (which the text's provenance lines come from) against git, at the commit it was
+    built at: each results file's commit, and the commits and files under its sources changed since."""
+    recorded = json.loads(builder.PROVENANCE.read_text(encoding="utf-8"))
+    inside = subprocess.run(["git", "rev-parse", "--is-inside-work-tree"], cwd=ROOT, capture_output=True, text=True)
+    if inside.returncode != 0:
+        pytest.skip("not a git checkout: provenance can only be checked against git history")
+    assert builder.compute_provenance(head=recorded["built_at"]) == recorded
+
+
+def test_every_section_with_results_cites_their_commits(tmp_path, monkeypatch):
+    monkeypatch.setattr(builder, "PAPER", tmp_path)
+    sections = builder.build().split("\n## ")[1:]
+    for section in sections:
+        if "Measured on" in section or "measured on" in section:
+            assert "*Provenance (paper built at " in section, section.splitlines()[0]
