@@ -86,16 +86,16 @@ def _paper_cases():
         q = torch.empty(requests, 1, gamma, heads, dim, **bf16)
         k_ctx = torch.empty(requests, context, kv, dim, **bf16)
         k_blk = torch.empty(requests, 1, gamma, kv, dim, **bf16)
-        attention._forward(q, k_ctx, k_ctx, k_blk, k_blk, torch.full((requests,), context),
-                           torch.ones(requests, dtype=torch.bool), dim ** -0.5)
+        attention._forward(q, k_ctx, k_ctx, k_blk, k_blk, torch.full((requests, 1), context),
+                           torch.ones(requests, 1, dtype=torch.bool), dim ** -0.5)
 
     def attention_decode_split():
         context, heads, kv, dim = 4096, 32, 8, 128  # one request: its context split among 8 programs per kv head
         q = torch.empty(1, 1, gamma, heads, dim, **bf16)
         k_ctx = torch.empty(1, context, kv, dim, **bf16)
         k_blk = torch.empty(1, 1, gamma, kv, dim, **bf16)
-        attention._forward(q, k_ctx, k_ctx, k_blk, k_blk, torch.full((1,), context), torch.ones(1, dtype=torch.bool),
-                           dim ** -0.5, num_splits=8)
+        attention._forward(q, k_ctx, k_ctx, k_blk, k_blk, torch.full((1, 1), context),
+                           torch.ones(1, 1, dtype=torch.bool), dim ** -0.5, num_splits=8)
 
     def attention_backward():
         blocks, context, heads, kv, dim = 64, 4096, 32, 8, 128  # one training sequence, 64 anchored blocks

@@ -39,8 +39,18 @@ CONFIGS = {
     "other": [dict(BLOCK_V=1024, num_warps=4, num_stages=1)],
 }
 
-# Row chunk when the caller gives none: two [chunk, V] fp32 buffers of at most ~256 MiB each.
+# Row chunk when the caller gives none: an eighth of the rows, in multiples of 64 (whole tensor-core tiles for
+# the GEMMs), so that the two [chunk, V] fp32 buffers and the 16-bit product in flight (10 bytes per chunk row
+# and vocabulary entry) stay under a quarter of what the plain loss keeps for its backward (at least its fp32
+# logits, probabilities and target probabilities: 12 bytes per row and entry); at most ~256 MiB per buffer.
 _BUFFER_BYTES = 256 * 2**20
+_CHUNK_FRACTION, _CHUNK_MULTIPLE = 8, 64
+
+
+def default_chunk_rows(rows: int, vocab: int) -> int:
+    """Rows per chunk for ``rows`` supervised rows over a ``vocab``-wide head (see the constants above)."""
+    wanted = _CHUNK_MULTIPLE * max(1, -(-rows // (_CHUNK_FRACTION * _CHUNK_MULTIPLE)))
+    return max(1, min(rows, wanted, _BUFFER_BYTES // (4 * max(vocab, 1))))
 
 
 @triton.jit
@@ -138,7 +148,7 @@ class FusedDSparkLoss(torch.autograd.Function):
             "w2": torch.zeros_like(markov_w2, dtype=torch.float32) if with_grad and has_markov else None,
             "z": torch.zeros(rows, dtype=torch.float32, device=device) if with_grad and has_conf else None,
         }
-        step = chunk_rows or max(1, min(rows, _BUFFER_BYTES // (4 * max(vocab, 1))))
+        step = chunk_rows or default_chunk_rows(rows, vocab)
         for start in range(0, rows, step):
             sl = slice(start, min(start + step, rows))
             draft = vocab_product(hidden[sl].detach(), lm_head)
