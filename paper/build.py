@@ -957,10 +957,13 @@ def _section_compile_matrix(out: list[str]) -> None:
     out.append("Every listed config compiles within shared memory for all three architectures, and the products "
                f"of attention and of the Markov bias reach the tensor cores on each (wgmma, tcgen05). With Triton "
                f"{newest['triton']}, {blackwell}; {hopper}. The scheduler sorts its R·γ entries in registers, "
-               "so one program holds them all. The Triton 3.6 matrix was made on the lent "
-               "H200 before the samplers became parallel over the vocabulary and before the scheduler sorted, so "
-               "its `markov`, `verify` and `scheduler` rows are of the previous kernels. No speed is claimed for "
-               "Blackwell: no Blackwell GPU ran these kernels.\n")
+               "so one program holds them all.")
+    for older in matrices[1:]:
+        out.append(f"The Triton {older['triton']} matrix was made on the lent H200 before the samplers became "
+                   "parallel over the vocabulary, before the scheduler sorted and before attention had a fused "
+                   "backward, so its `markov`, `verify` and `scheduler` rows are of the previous kernels and it has "
+                   "no backward cells.")
+    out.append("No speed is claimed for Blackwell: no Blackwell GPU ran these kernels.\n")
 
 
 def section_limits(out: list[str]) -> None:
