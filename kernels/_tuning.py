@@ -1,9 +1,10 @@
 """Launch configurations per architecture, pruned by what fits, and forced to one config in tests.
 
-Each kernel lists configs for Hopper (sm_90) and Blackwell (sm_100 / sm_103, GB300). The Blackwell lists
-were never run on Blackwell hardware: each config's ``label`` says what the ahead-of-time compile matrix
-(``benchmarks/compile_matrix.py``) found for it at the paper's shapes (registers, spills, shared memory,
-tcgen05), and the lists are ordered by it; no speed is claimed for them.
+Each kernel lists configs for Hopper (sm_90) and Blackwell (sm_100 / sm_103, GB300). A config no GPU has
+timed carries a ``label`` that says ``unmeasured``: every Blackwell config (the label also says what the
+ahead-of-time compile matrix, ``benchmarks/compile_matrix.py``, found for it at the paper's shapes:
+registers, spills, shared memory, tcgen05; the lists are ordered by it), and the Hopper configs of kernels
+rewritten since the last H200 lease. No speed is claimed for them.
 A config is a plain dict: block sizes (kernel constexprs) plus ``num_warps`` and ``num_stages``.
 
 Selection (:func:`launch`): under the Triton interpreter, or when ``DSPARK_FORCE_CONFIG=first`` (the test

@@ -50,7 +50,7 @@ CONFIGS = {
     # block pointers, which would avoid them, are gone from Triton 3.9), so none is listed.
     "sm100": [dict(BLOCK_N=16, num_warps=8, num_stages=1,
                    label="compiled sm_100/sm_103 (Triton 3.9, paper decode shape): 252 regs, 0 B spill, 24 KiB smem, "
-                         "tcgen05; never run")],
+                         "tcgen05; unmeasured")],
     "other": [dict(BLOCK_N=32, num_warps=4, num_stages=2)],
 }
 
@@ -300,19 +300,21 @@ def _block_attention_bwd_context_kernel(
 # BLOCK_N = 16 for both. No config here has been run on a GPU yet.
 BWD_QUERY_CONFIGS = {
     "interpreter": [dict(BLOCK_N=8, num_warps=1, num_stages=1)],
-    "sm90": [dict(BLOCK_N=64, num_warps=8, num_stages=2), dict(BLOCK_N=64, num_warps=8, num_stages=1),
-             dict(BLOCK_N=16, num_warps=8, num_stages=1)],
+    "sm90": [dict(BLOCK_N=64, num_warps=8, num_stages=2, label="unmeasured: rewritten since the H200 ran it"),
+             dict(BLOCK_N=64, num_warps=8, num_stages=1, label="unmeasured: rewritten since the H200 ran it"),
+             dict(BLOCK_N=16, num_warps=8, num_stages=1, label="unmeasured: rewritten since the H200 ran it")],
     "sm100": [dict(BLOCK_N=16, num_warps=8, num_stages=1,
                    label="compiled sm_100/sm_103 (Triton 3.9, paper training shape): 254 regs, 0 B spill, "
-                         "tcgen05; never run")],
+                         "tcgen05; unmeasured")],
     "other": [dict(BLOCK_N=32, num_warps=4, num_stages=1)],
 }
 BWD_CONTEXT_CONFIGS = {
     "interpreter": [dict(BLOCK_N=8, num_warps=1, num_stages=1)],
-    "sm90": [dict(BLOCK_N=16, num_warps=8, num_stages=1), dict(BLOCK_N=64, num_warps=8, num_stages=2)],
+    "sm90": [dict(BLOCK_N=16, num_warps=8, num_stages=1, label="unmeasured: rewritten since the H200 ran it"),
+             dict(BLOCK_N=64, num_warps=8, num_stages=2, label="unmeasured: rewritten since the H200 ran it")],
     "sm100": [dict(BLOCK_N=16, num_warps=8, num_stages=1,
                    label="compiled sm_100/sm_103 (Triton 3.9, paper training shape): 255 regs, 0 B spill, "
-                         "tcgen05; never run")],
+                         "tcgen05; unmeasured")],
     "other": [dict(BLOCK_N=32, num_warps=4, num_stages=1)],
 }
 

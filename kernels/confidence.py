@@ -15,9 +15,9 @@ CONFIGS = {
     "interpreter": [dict(BLOCK_D=16, num_warps=1, num_stages=1)],
     "sm90": [dict(BLOCK_D=512, num_warps=4, num_stages=2), dict(BLOCK_D=1024, num_warps=8, num_stages=2)],
     "sm100": [dict(BLOCK_D=1024, num_warps=8, num_stages=2,
-                   label="compiled sm_100/sm_103 (Triton 3.9, paper shapes): 30 regs, 0 B spill; never run"),
+                   label="compiled sm_100/sm_103 (Triton 3.9, paper shapes): 30 regs, 0 B spill; unmeasured"),
               dict(BLOCK_D=512, num_warps=4, num_stages=2,
-                   label="compiled sm_100/sm_103 (Triton 3.9, paper shapes): 30 regs, 0 B spill; never run")],
+                   label="compiled sm_100/sm_103 (Triton 3.9, paper shapes): 30 regs, 0 B spill; unmeasured")],
     "other": [dict(BLOCK_D=256, num_warps=4, num_stages=1)],
 }
 

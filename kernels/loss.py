@@ -35,7 +35,7 @@ CONFIGS = {
     "sm90": [dict(BLOCK_V=2048, num_warps=8, num_stages=2), dict(BLOCK_V=1024, num_warps=4, num_stages=2)],
     # Blackwell: 2048, the tile with no spill in the compile matrix (4096 spilled 8 B).
     "sm100": [dict(BLOCK_V=2048, num_warps=8, num_stages=2,
-                   label="compiled sm_100/sm_103 (Triton 3.9, paper shapes): 64 regs, 0 B spill; never run")],
+                   label="compiled sm_100/sm_103 (Triton 3.9, paper shapes): 64 regs, 0 B spill; unmeasured")],
     "other": [dict(BLOCK_V=1024, num_warps=4, num_stages=1)],
 }
 

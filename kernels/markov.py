@@ -41,10 +41,11 @@ CONFIGS = {
     # 64-wide vocabulary tiles: at 128 the probability kernel spilled 128-168 B with top-k/top-p scratch
     # (compile_matrix.py); at 64 no kernel of the sampler spills. Never run on Blackwell.
     "sm90": [dict(BLOCK_V=64, BLOCK_K=32, num_warps=8, num_stages=3,
-                  label="compiled sm_90 (Triton 3.9, paper shapes, all four kernels): <= 155 regs, 0 B spill, wgmma")],
+                  label="compiled sm_90 (Triton 3.9, paper shapes, all four kernels): <= 155 regs, 0 B spill, wgmma; "
+                        "unmeasured: rewritten since the H200 ran it")],
     "sm100": [dict(BLOCK_V=64, BLOCK_K=32, num_warps=8, num_stages=3,
                    label="compiled sm_100/sm_103 (Triton 3.9, paper shapes, all four kernels): <= 146 regs, 0 B spill, "
-                         "tcgen05; never run")],
+                         "tcgen05; unmeasured")],
     "other": [dict(BLOCK_V=128, BLOCK_K=32, num_warps=4, num_stages=2)],
 }
 MAX_BLOCK_R = 64
