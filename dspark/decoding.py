@@ -57,7 +57,8 @@ class GenerationResult:
     ``timings`` splits the seconds: ``prefill`` and ``decode`` for plain decoding; ``prefill``, ``draft``,
     ``schedule``, ``target`` (the verify pass's forward), ``verify`` (warping, rejection sampling, cache
     roll-back and the drafter's cache update) and ``bookkeeping`` (statistics, outputs, finished requests)
-    for speculative decoding.
+    for speculative decoding. ``rounds_without_drafts`` counts the speculative rounds in which the scheduler could
+    not have sent any draft, so the drafter was not run and the round was a plain target step.
     """
 
     tokens: list[list[int]]
@@ -65,6 +66,7 @@ class GenerationResult:
     stats: AcceptanceStats | None = None
     timings: dict[str, float] = field(default_factory=dict)
     steps: int = 0
+    rounds_without_drafts: int = 0
 
     @property
     def new_tokens(self) -> int:
@@ -89,7 +91,7 @@ class GenerationResult:
 
     def summary(self) -> dict:
         out = {"new_tokens": self.new_tokens, "seconds": self.seconds, "tokens_per_second": self.tokens_per_second,
-               "timings": dict(self.timings)}
+               "timings": dict(self.timings), "steps": self.steps, "rounds_without_drafts": self.rounds_without_drafts}
         if self.stats is not None:
             out.update(self.stats.as_dict())
         return out
@@ -302,6 +304,7 @@ class SpeculativeDecoder:
         self.timings = {"prefill": 0.0, "draft": 0.0, "schedule": 0.0, "target": 0.0, "verify": 0.0,
                         "bookkeeping": 0.0}
         self.steps = 0
+        self.rounds_without_drafts = 0  # rounds the scheduler could not send a draft in, so nothing was drafted
         t0 = time.perf_counter()
         self.state, logits, prompt_step, lengths, ids = prefill(self.target, prompts)
         self.cache = self.drafter.new_cache(len(prompts), capacity=int(lengths.max()) + 16, device=self.device,
@@ -341,18 +344,27 @@ class SpeculativeDecoder:
         config, gamma, device = self.config, self.gamma, self.device
         num = len(self.active)
         remaining = (config.max_new_tokens - self.outputs.count[self.active]).to(device)
-        t0 = time.perf_counter()
-        draft = self.drafter.draft(self.anchor, self.cache, self._uniforms(num, gamma, dtype=self.dtype),
-                                   temperature=config.temperature, top_k=config.top_k, top_p=config.top_p,
-                                   backend=self.backend)
-        t1 = time.perf_counter()
         valid_len = torch.clamp(remaining - 1, max=gamma)
-        confidence = draft.confidence if draft.confidence is not None else torch.ones(num, gamma, device=device)
-        verify_len = self.scheduler(confidence, valid_len).to(device)
+        t0 = time.perf_counter()
+        draft = None
+        if self.scheduler.may_send_drafts(valid_len, gamma):
+            draft = self.drafter.draft(self.anchor, self.cache, self._uniforms(num, gamma, dtype=self.dtype),
+                                       temperature=config.temperature, top_k=config.top_k, top_p=config.top_p,
+                                       backend=self.backend)
+        else:
+            self.rounds_without_drafts += 1
+        t1 = time.perf_counter()
+        if draft is None:
+            verify_len = torch.zeros(num, dtype=torch.long, device=device)
+        else:
+            confidence = draft.confidence if draft.confidence is not None else torch.ones(num, gamma, device=device)
+            verify_len = self.scheduler(confidence, valid_len).to(device)
         t2 = time.perf_counter()
 
         width = int(verify_len.max()) + 1
-        fed = torch.cat([self.anchor[:, None], draft.tokens[:, : width - 1]], 1)
+        fed = self.anchor[:, None]
+        if draft is not None:
+            fed = torch.cat([fed, draft.tokens[:, : width - 1]], 1)
         positions = self.state.next_pos[:, None] + torch.arange(width, device=device)
         step = self.target.forward(self.state, fed, positions,
                                    torch.arange(width, device=device) <= verify_len[:, None])
@@ -362,7 +374,11 @@ class SpeculativeDecoder:
         if target_probs.shape[1] < slots + 1:
             target_probs = torch.cat([target_probs, target_probs[:, -1:]], 1)
         dtype = target_probs.dtype
-        result = verify(draft.tokens[:, :slots], draft.draft_probs[:, :slots].to(dtype), target_probs, verify_len,
+        if draft is None:  # a plain target step: with ℓ = 0 the draft slot is never read, only its shape
+            tokens, draft_probs = torch.zeros(num, slots, dtype=torch.long, device=device), target_probs[:, :slots]
+        else:
+            tokens, draft_probs = draft.tokens[:, :slots], draft.draft_probs[:, :slots].to(dtype)
+        result = verify(tokens, draft_probs, target_probs, verify_len,
                         self._uniforms(num, slots, dtype=dtype), self._uniforms(num, dtype=dtype),
                         eos_token_id=self.eos, backend=self.backend)
         kept = result.num_accepted + 1  # x_0 and the accepted drafts now hold committed tokens
@@ -373,7 +389,7 @@ class SpeculativeDecoder:
         t3 = time.perf_counter()
 
         self.stats.update(verify_len.cpu(), result.num_accepted.cpu(), result.num_committed.cpu())
-        if self.record_rounds and draft.confidence_logits is not None:
+        if self.record_rounds and draft is not None and draft.confidence_logits is not None:
             # Slots after an accepted EOS were never really verified: they leave the calibration data.
             verified = torch.where(result.num_committed == result.num_accepted, result.num_accepted, verify_len)
             self.rounds.append((draft.confidence_logits.cpu(), verified.cpu(), result.num_accepted.cpu()))
@@ -401,7 +417,8 @@ class SpeculativeDecoder:
                 bar.update(sum(counts))
         if bar:
             bar.close()
-        return GenerationResult(self.outputs.lists(), time.perf_counter() - t0, self.stats, self.timings, self.steps)
+        return GenerationResult(self.outputs.lists(), time.perf_counter() - t0, self.stats, self.timings, self.steps,
+                                self.rounds_without_drafts)
 
 
 def speculative_generate(target, drafter, prompts: list[list[int]], config: SamplingConfig | None = None, *,

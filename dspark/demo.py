@@ -95,6 +95,10 @@ def demo(per_domain: int = 2, max_new_tokens: int = 64, drafter_path: str | None
           "('-': no round got that far).")
     timings = {k: sum(r.timings[k] for r in spec) for k in spec[0].timings}
     print("time split: " + ", ".join(f"{k} {v:.1f}s" for k, v in timings.items()))
+    skipped, rounds = sum(r.rounds_without_drafts for r in spec), sum(r.steps for r in spec)
+    if skipped:
+        print(f"drafter skipped in {skipped} of {rounds} rounds: on this profile Algorithm 1 could not pay for a "
+              "draft even at confidence 1, so those rounds were plain target steps.")
     same = [r.tokens for r in plain] == [r.tokens for r in spec]
     print("greedy outputs identical to the target's: " + ("yes" if same else "NO"))
     return 0 if same else 1

@@ -303,6 +303,11 @@ class Scheduler:
     def __call__(self, confidence: torch.Tensor, valid_len: torch.Tensor | None = None) -> torch.Tensor:
         raise NotImplementedError
 
+    def may_send_drafts(self, valid_len: torch.Tensor, gamma: int) -> bool:
+        """Whether this round could send any draft, whatever the confidences: ``False`` lets the decode loop skip
+        the drafter's forward and run a plain target step, which is what the policy would choose anyway."""
+        return True
+
 
 class FixedLength(Scheduler):
     def __init__(self, length: int):
@@ -313,6 +318,9 @@ class FixedLength(Scheduler):
 
     def __call__(self, confidence, valid_len=None):
         return fixed_length(confidence, self.length, valid_len)
+
+    def may_send_drafts(self, valid_len, gamma):
+        return self.length > 0
 
 
 class Threshold(Scheduler):
@@ -337,6 +345,17 @@ class PrefixScheduler(Scheduler):
     def __call__(self, confidence, valid_len=None):
         return schedule_greedy(confidence, self.sps, valid_len, min_len=self.min_len, max_len=self.max_len,
                                base_tokens=self.base_tokens)
+
+    def may_send_drafts(self, valid_len, gamma):
+        """With no forced slots, Algorithm 1 first weighs the best candidate, whose survival is at most 1,
+        against the pass growing by one token, and stops there if it does not pay. So when even confidence 1
+        everywhere sends nothing, no confidence can (for example where one more token costs the pass more
+        than a whole token of throughput, as on CPUs whose 2-token pass takes twice a 1-token one)."""
+        if self.min_len > 0:
+            return True
+        certain = torch.ones(len(valid_len), gamma, dtype=torch.float64)
+        return bool(schedule_greedy(certain, self.sps, valid_len.cpu(), max_len=self.max_len,
+                                    base_tokens=self.base_tokens).any())
 
 
 class ProductionScheduler(Scheduler):

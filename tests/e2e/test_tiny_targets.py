@@ -28,6 +28,26 @@ def test_greedy_speculative_equals_greedy_target(architecture):
         assert single == plain, f"{policy.name}, batch 1"
 
 
+def test_rounds_no_draft_could_pay_for_skip_the_drafter(monkeypatch):
+    """A profile where every token added to the pass costs more than the pass's average token: Algorithm 1 could
+    send no draft even at confidence 1, so the loop runs plain target steps without drafting, and the output is
+    the target's."""
+    target = tiny_target()
+    drafter = drafter_for(target)
+    calls = []
+    original = drafter.draft
+    monkeypatch.setattr(drafter, "draft", lambda *a, **k: calls.append(1) or original(*a, **k))
+    config = SamplingConfig(max_new_tokens=12, temperature=0.0)
+    steep = PrefixScheduler(SPSTable.from_latencies([1, 64], [1.0, 80.0]))
+    decoder = SpeculativeDecoder(target, drafter, config, scheduler=steep).start(PROMPTS)
+    result = decoder.run()
+    assert result.tokens == generate(target, PROMPTS, config).tokens
+    assert not calls and decoder.rounds_without_drafts == decoder.steps > 0
+    cheap = PrefixScheduler(SPSTable.linear(1.0, 1e-4, 64))  # every draft pays: the drafter runs
+    assert speculative_generate(target, drafter, PROMPTS, config, scheduler=cheap).tokens == result.tokens
+    assert calls
+
+
 def test_eagle3_chain_drafter_is_lossless_and_rolls_back():
     """The EAGLE-3 baseline decodes through the same decoder: greedy output is the target's, and after
     rounds with rejections its cache gives the chain a fresh cache would."""

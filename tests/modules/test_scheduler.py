@@ -110,6 +110,29 @@ def test_appendix_a_counterexample_is_exact():
     assert counterexample_first_token_probability(early_stop=True) == pytest.approx(0.70, abs=1e-12)
 
 
+@given(inputs=schedule_inputs(), steep=st.booleans())
+def test_when_certain_drafts_would_not_be_sent_none_are(inputs, steep):
+    """PrefixScheduler.may_send_drafts is the decode loop's licence to skip drafting: whenever it says no, no
+    confidence whatsoever makes Algorithm 1 send a draft. ``steep`` adds tables where one more token doubles
+    the pass (a CPU's 1 → 2 token step), so that both answers occur."""
+    confidence, sps, valid_len, kw = inputs
+    requests, gamma = confidence.shape
+    if steep:
+        sps = SPSTable.from_latencies([1, 2, sps.max_tokens], [1.0, 2.1, 2.1 + 0.01 * sps.max_tokens])
+    if not _feasible(confidence, sps, kw):
+        return
+    policy = PrefixScheduler(sps, **kw)
+    lengths = policy(confidence, valid_len)
+    full = valid_len if valid_len is not None else torch.full((requests,), gamma)
+    if not policy.may_send_drafts(full, gamma):
+        assert_equal(lengths, torch.zeros_like(lengths), name="verify lengths when even certainty sends none")
+
+
+def test_fixed_length_zero_never_drafts():
+    assert not FixedLength(0).may_send_drafts(torch.tensor([3]), 3)
+    assert FixedLength(1).may_send_drafts(torch.tensor([3]), 3)
+
+
 @given(requests=st.integers(1, 3), gamma=st.integers(1, 3), seed=st.integers(0, 2**31),
        fixed=st.floats(0.1, 3.0), per_token=st.floats(0.01, 1.0))
 def test_equals_brute_force_under_unimodal_sps(requests, gamma, seed, fixed, per_token):
