@@ -5,6 +5,8 @@ query slots of all the query heads that share that kv head (GQA), so each contex
 per group: rows ``slot · G + g``. It streams the context rows ``j < ctx_len`` in tiles, then the block's
 own γ keys, keeping a running max and sum; padding blocks write zeros. The training layout (many blocks
 over one context) and the inference layout (one block per request over its cache) are the same launch.
+When few (block, kv head) programs are in flight, as in decode at small batch over a long cache, each
+block's context is split among several programs whose partial softmax states are merged afterwards.
 
 Operands: bf16/fp16 inputs go into ``tl.dot`` as they are (tensor cores: wgmma on Hopper, tcgen05 on
 Blackwell) with fp32 accumulation, and the softmax weights are rounded to the input dtype for the PV
@@ -297,12 +299,13 @@ def _block_attention_bwd_context_kernel(
 # kernel owns BLOCK_N context rows and walks the blocks. Both hold Q, dO and fp32 accumulators in registers,
 # so at the paper's training shape (compile_matrix.py) only 8 warps avoid spilling: on Hopper BLOCK_N = 64
 # for the query side, while every context-side tile compiled spills (16 rows the least, 128 B); on Blackwell
-# BLOCK_N = 16 for both. No config here has been run on a GPU yet.
+# BLOCK_N = 16 for both. No GPU has run these kernels yet.
+_NEW = "unmeasured: written after the last H200 lease"
 BWD_QUERY_CONFIGS = {
     "interpreter": [dict(BLOCK_N=8, num_warps=1, num_stages=1)],
-    "sm90": [dict(BLOCK_N=64, num_warps=8, num_stages=2, label="unmeasured: rewritten since the H200 ran it"),
-             dict(BLOCK_N=64, num_warps=8, num_stages=1, label="unmeasured: rewritten since the H200 ran it"),
-             dict(BLOCK_N=16, num_warps=8, num_stages=1, label="unmeasured: rewritten since the H200 ran it")],
+    "sm90": [dict(BLOCK_N=64, num_warps=8, num_stages=2, label=_NEW),
+             dict(BLOCK_N=64, num_warps=8, num_stages=1, label=_NEW),
+             dict(BLOCK_N=16, num_warps=8, num_stages=1, label=_NEW)],
     "sm100": [dict(BLOCK_N=16, num_warps=8, num_stages=1,
                    label="compiled sm_100/sm_103 (Triton 3.9, paper training shape): 254 regs, 0 B spill, "
                          "tcgen05; unmeasured")],
@@ -310,8 +313,8 @@ BWD_QUERY_CONFIGS = {
 }
 BWD_CONTEXT_CONFIGS = {
     "interpreter": [dict(BLOCK_N=8, num_warps=1, num_stages=1)],
-    "sm90": [dict(BLOCK_N=16, num_warps=8, num_stages=1, label="unmeasured: rewritten since the H200 ran it"),
-             dict(BLOCK_N=64, num_warps=8, num_stages=2, label="unmeasured: rewritten since the H200 ran it")],
+    "sm90": [dict(BLOCK_N=16, num_warps=8, num_stages=1, label=_NEW),
+             dict(BLOCK_N=64, num_warps=8, num_stages=2, label=_NEW)],
     "sm100": [dict(BLOCK_N=16, num_warps=8, num_stages=1,
                    label="compiled sm_100/sm_103 (Triton 3.9, paper training shape): 255 regs, 0 B spill, "
                          "tcgen05; unmeasured")],
