@@ -946,23 +946,20 @@ def _section_compile_matrix(out: list[str]) -> None:
                        f"{num(max(r['registers'] for r in ok), 'd')} | {num(max(r['spill_bytes'] for r in ok), 'd')} | "
                        f"{num(max(r['shared_bytes'] for r in ok) / 1024, '.0f')} | {', '.join(sorted(cores)) or '-'} |")
     out.append("")
-    newest = matrices[0]
-    spilling = {arch: sorted({r["kernel"] for r in newest["rows"] if r["arch"] in arch and r["compiled"]
-                              and r["spill_bytes"]}) for arch in (("sm_100", "sm_103"), ("sm_90",))}
-    blackwell = ("every Blackwell config compiles with 0 spill bytes" if not spilling[("sm_100", "sm_103")] else
-                 "on Blackwell, " + ", ".join(spilling[("sm_100", "sm_103")]) + " still spill")
-    hopper = ("so does every Hopper config" if not spilling[("sm_90",)] else
-              "on Hopper, " + ", ".join(spilling[("sm_90",)])
-              + (" spills" if len(spilling[("sm_90",)]) == 1 else " spill") + " in some configs of the list")
+    summaries = []
+    for m in matrices:
+        spilling = {arch: sorted({r["kernel"] for r in m["rows"] if r["arch"] in arch and r["compiled"]
+                                  and r["spill_bytes"]}) for arch in (("sm_100", "sm_103"), ("sm_90",))}
+        blackwell = ("every Blackwell config compiles with 0 spill bytes" if not spilling[("sm_100", "sm_103")]
+                     else "on Blackwell, " + ", ".join(spilling[("sm_100", "sm_103")]) + " still spill")
+        hopper = ("so does every Hopper config" if not spilling[("sm_90",)] else
+                  "on Hopper, " + ", ".join(spilling[("sm_90",)])
+                  + (" spills" if len(spilling[("sm_90",)]) == 1 else " spill") + " in some configs of the list")
+        summaries.append(f"with Triton {m['triton']} (made on {machine(m)}), {blackwell}; {hopper}")
     out.append("Every listed config compiles within shared memory for all three architectures, and the products "
-               f"of attention and of the Markov bias reach the tensor cores on each (wgmma, tcgen05). With Triton "
-               f"{newest['triton']}, {blackwell}; {hopper}. The scheduler sorts its R·γ entries in registers, "
-               "so one program holds them all.")
-    for older in matrices[1:]:
-        out.append(f"The Triton {older['triton']} matrix was made on the lent H200 before the samplers became "
-                   "parallel over the vocabulary, before the scheduler sorted and before attention had a fused "
-                   "backward, so its `markov`, `verify` and `scheduler` rows are of the previous kernels and it has "
-                   "no backward cells.")
+               "of attention (forward and backward) and of the Markov bias reach the tensor cores on each (wgmma, "
+               "tcgen05). " + ". ".join(x[0].upper() + x[1:] for x in summaries) + ". The scheduler sorts its "
+               "R·γ entries in registers, so one program holds them all.")
     out.append("No speed is claimed for Blackwell: no Blackwell GPU ran these kernels.\n")
 
 
