@@ -41,7 +41,7 @@ SPS tables (``--tables``; each labelled in the results with where it came from):
 **Whole decodes** (``scheduler_measured_cpu.json``, ``--measured``): R = 1, 4, 16 held-out prompts per
 policy with the real target and the trained drafter on this CPU, wall-clock tokens/s including drafting.
 
-    python benchmarks/bench_scheduler.py [--steps 60] [--seeds 5] [--measured] [--out DIR]
+    python benchmarks/bench_scheduler.py [--steps 60] [--seeds 5] [--measured [--no-replay]] [--out DIR]
 """
 
 from __future__ import annotations
@@ -365,17 +365,19 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=5, help="replays per point (the intervals' sample)")
     parser.add_argument("--tables", nargs="+", default=["cpu", "gpu-eager", "h200-roofline"])
     parser.add_argument("--measured", action="store_true", help="also time whole decodes on this CPU")
+    parser.add_argument("--no-replay", action="store_true", help="leave out the replay (with --measured: only the "
+                        "whole decodes)")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     if args.steps < 1 or args.seeds < 1:
         raise SystemExit("--steps and --seeds must be positive")
-    rows, labels = replay_study(RESULTS, args.tables, args.steps, args.seeds)
-    print(write_result("scheduler", {"steps": args.steps, "seeds": args.seeds, "threshold": THRESHOLD, "ema": EMA,
-                                     "paper_profile": PAPER_PROFILE,
-                                     "roofline": {**ROOFLINE, "bandwidth_bytes_per_s": measured_bandwidth(RESULTS)},
-                                     "tables": labels,
-                                     "replay": rows}, args.out))
+    if not args.no_replay:
+        rows, labels = replay_study(RESULTS, args.tables, args.steps, args.seeds)
+        print(write_result("scheduler", {"steps": args.steps, "seeds": args.seeds, "threshold": THRESHOLD,
+                                         "ema": EMA, "paper_profile": PAPER_PROFILE,
+                                         "roofline": {**ROOFLINE, "bandwidth_bytes_per_s": measured_bandwidth(RESULTS)},
+                                         "tables": labels, "replay": rows}, args.out))
     if args.measured:
         print(write_result("scheduler_measured_cpu", {"max_new_tokens": args.max_new_tokens,
                                                       "rows": measured_study(RESULTS, args.max_new_tokens)},
