@@ -353,7 +353,8 @@ def measured_study(results: Path, max_new_tokens: int) -> list[dict]:
             result = speculative_generate(target, drafter, prompts, config, scheduler=policy)
             rows.append({"requests": requests, "policy": policy.name, "tokens_per_s": result.tokens_per_second,
                          "tau": result.stats.as_dict()["tau"],
-                         "mean_verify_length": float(result.stats.proposed.sum()) / max(result.stats.rounds, 1)})
+                         "mean_verify_length": float(result.stats.proposed.sum()) / max(result.stats.rounds, 1),
+                         "rounds": result.steps, "rounds_without_drafts": result.rounds_without_drafts})
         print("  ".join(f"{r['policy']}={r['tokens_per_s']:.1f}" for r in rows if r["requests"] == requests),
               flush=True)
     return rows

@@ -622,6 +622,13 @@ def section_scheduler(out: list[str], figures: Path) -> None:
             values = " | ".join(num(cells[c]["tokens_per_s"], ".1f") for c in counts)
             out.append(f"| {policy} | {values} |")
         out.append("")
+        skipping = [r for r in rows if r.get("rounds_without_drafts")]
+        if skipping:
+            shares = ", ".join(f"{r['policy']} at R = {num(r['requests'], 'd')}: "
+                               f"{num(r['rounds_without_drafts'], 'd')} of {num(r['rounds'], 'd')}"
+                               for r in skipping)
+            out.append("Rounds in which the policy could send no draft even at confidence 1 run as plain target "
+                       f"steps without drafting ({shares} rounds).\n")
     appendix = load("appendix_a")
     if appendix is not None:
         out.append(f"**Appendix A.** The paper's example: one request, γ = 2, target ({quote(0.7)}, {quote(0.3)}), "
