@@ -95,9 +95,11 @@ def test_rejection_sampler_paper_scale():
         assert_equal(getattr(got32, name), getattr(want32, name), name=f"fp32 {name}")
 
 
-def test_attention_paper_scale_bf16():
+@pytest.mark.parametrize("requests", [64, 1])
+def test_attention_paper_scale_bf16(requests):
+    """R = 64 fills the GPU with (request, kv head) programs; R = 1 splits each context among programs."""
     gen = _gen(2)
-    requests, ctx, heads, kv, dim = 64, 2048, 32, 8, 128
+    ctx, heads, kv, dim = 2048, 32, 8, 128
 
     def rand(*shape):
         return torch.randn(*shape, generator=gen, device=CUDA)
