@@ -61,6 +61,7 @@ from tqdm.auto import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.environment import RESULTS, write_result  # noqa: E402
+from dspark.demo import BACKOFF
 from dspark.scheduler import FixedLength, PrefixScheduler, ProductionScheduler, SPSTable, Threshold  # noqa: E402
 
 CONCURRENCY = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
@@ -338,7 +339,8 @@ def measured_study(results: Path, max_new_tokens: int) -> list[dict]:
     rows = []
     gamma = drafter.config.block_size
     chosen = [FixedLength(1), FixedLength(3), FixedLength(gamma), Threshold(THRESHOLD)]
-    chosen += [PrefixScheduler(sps), ProductionScheduler(sps)] if sps is not None else []
+    chosen += [PrefixScheduler(sps), PrefixScheduler(sps, backoff=BACKOFF), ProductionScheduler(sps)] \
+        if sps is not None else []
     for requests in (1, 4, 16):
         prompts = pool[:requests]
         config = SamplingConfig(max_new_tokens=max_new_tokens, temperature=1.0, seed=0)
@@ -350,6 +352,8 @@ def measured_study(results: Path, max_new_tokens: int) -> list[dict]:
         for policy in chosen:
             if isinstance(policy, ProductionScheduler):
                 policy = ProductionScheduler(sps)  # fresh history per run
+            elif isinstance(policy, PrefixScheduler):
+                policy = PrefixScheduler(sps, backoff=policy.backoff)  # and a fresh back-off
             result = speculative_generate(target, drafter, prompts, config, scheduler=policy)
             rows.append({"requests": requests, "policy": policy.name, "tokens_per_s": result.tokens_per_second,
                          "tau": result.stats.as_dict()["tau"],

@@ -335,22 +335,40 @@ class Threshold(Scheduler):
 
 
 class PrefixScheduler(Scheduler):
-    """Algorithm 1 with the early stop against a profiled SPS table (the lossless synchronous scheduler)."""
+    """Algorithm 1 with the early stop against a profiled SPS table (the lossless synchronous scheduler).
 
-    name = "algorithm-1"
+    ``backoff=N`` (default 0, off): after a round in which Algorithm 1 sent no draft at all, the next 1, 2,
+    4, … rounds (doubling while rounds stay empty, at most N) run without drafting, and the first round that
+    sends drafts again resets it. Drafting costs time even when nothing is sent, and the confidences that
+    would show it pays only come from drafting. The choice rests on earlier rounds alone, and a round
+    without drafts is a plain target step, so the output distribution is still the target's.
+    """
 
-    def __init__(self, sps: SPSTable, *, min_len: int = 0, max_len: int | None = None, base_tokens: int = 0):
+    def __init__(self, sps: SPSTable, *, min_len: int = 0, max_len: int | None = None, base_tokens: int = 0,
+                 backoff: int = 0):
+        if backoff < 0:
+            raise ValueError(f"backoff must be >= 0, got {backoff}")
         self.sps, self.min_len, self.max_len, self.base_tokens = sps, min_len, max_len, base_tokens
+        self.backoff = backoff
+        self.name = "algorithm-1" if not backoff else f"algorithm-1-backoff{backoff}"
+        self._pause, self._rounds_to_skip = 0, 0
 
     def __call__(self, confidence, valid_len=None):
-        return schedule_greedy(confidence, self.sps, valid_len, min_len=self.min_len, max_len=self.max_len,
-                               base_tokens=self.base_tokens)
+        lengths = schedule_greedy(confidence, self.sps, valid_len, min_len=self.min_len, max_len=self.max_len,
+                                  base_tokens=self.base_tokens)
+        if self.backoff:
+            self._pause = 0 if bool(lengths.any()) else min(max(1, 2 * self._pause), self.backoff)
+            self._rounds_to_skip = self._pause
+        return lengths
 
     def may_send_drafts(self, valid_len, gamma):
-        """With no forced slots, Algorithm 1 first weighs the best candidate, whose survival is at most 1,
-        against the pass growing by one token, and stops there if it does not pay. So when even confidence 1
-        everywhere sends nothing, no confidence can (for example where one more token costs the pass more
-        than a whole token of throughput, as on CPUs whose 2-token pass takes twice a 1-token one)."""
+        """``False`` while backing off (see the class), and whenever confidence 1 everywhere would send
+        nothing: with no forced slots, Algorithm 1 first weighs the best candidate, whose survival is at most
+        1, against the pass growing by one token, and stops there if it does not pay, so then no confidence
+        can (for example where one more token costs the pass more than a whole token of throughput)."""
+        if self._rounds_to_skip:
+            self._rounds_to_skip -= 1
+            return False
         if self.min_len > 0:
             return True
         certain = torch.ones(len(valid_len), gamma, dtype=torch.float64)

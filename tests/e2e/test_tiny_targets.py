@@ -13,7 +13,8 @@ PROMPTS = [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11, 12, 13, 14, 15], [3], [2, 11, 6]
 
 def policies():
     sps = SPSTable.linear(1.0, 0.05, 64)
-    return [FixedLength(4), FixedLength(2), Threshold(0.5), PrefixScheduler(sps), ProductionScheduler(sps)]
+    return [FixedLength(4), FixedLength(2), Threshold(0.5), PrefixScheduler(sps), PrefixScheduler(sps, backoff=4),
+            ProductionScheduler(sps)]
 
 
 @pytest.mark.parametrize("architecture", ["llama", "qwen3"])
@@ -46,6 +47,29 @@ def test_rounds_no_draft_could_pay_for_skip_the_drafter(monkeypatch):
     cheap = PrefixScheduler(SPSTable.linear(1.0, 1e-4, 64))  # every draft pays: the drafter runs
     assert speculative_generate(target, drafter, PROMPTS, config, scheduler=cheap).tokens == result.tokens
     assert calls
+
+
+def test_backoff_drafts_less_after_empty_rounds_and_stays_lossless(monkeypatch):
+    """A drafter whose confidences are all 0: Algorithm 1 sends nothing in any drafted round, so with back-off
+    the loop drafts in rounds 1, 3, 6, 11, … only; the output is still the target's."""
+    import dataclasses
+
+    target = tiny_target()
+    drafter = drafter_for(target)
+    calls = []
+    original = drafter.draft
+
+    def unsure(*args, **kwargs):
+        calls.append(1)
+        out = original(*args, **kwargs)
+        return dataclasses.replace(out, confidence=torch.zeros_like(out.confidence))
+
+    monkeypatch.setattr(drafter, "draft", unsure)
+    config = SamplingConfig(max_new_tokens=16, temperature=0.0)
+    policy = PrefixScheduler(SPSTable.linear(1.0, 0.05, 64), backoff=4)
+    result = speculative_generate(target, drafter, PROMPTS, config, scheduler=policy)
+    assert result.tokens == generate(target, PROMPTS, config).tokens
+    assert len(calls) == result.steps - result.rounds_without_drafts < result.steps // 2, (len(calls), result.steps)
 
 
 def test_eagle3_chain_drafter_is_lossless_and_rolls_back():

@@ -128,6 +128,28 @@ def test_when_certain_drafts_would_not_be_sent_none_are(inputs, steep):
         assert_equal(lengths, torch.zeros_like(lengths), name="verify lengths when even certainty sends none")
 
 
+def test_backoff_skips_drafting_for_doubling_runs_of_rounds_after_empty_ones():
+    """Rounds as the decode loop runs them: ``D`` drafted (and scheduled), ``-`` skipped. Empty drafted rounds
+    pause drafting for 1, 2, 4, then 4 (the cap) rounds; a round that sends drafts ends the back-off."""
+    policy = PrefixScheduler(SPSTable.linear(1.0, 0.05, 64), backoff=4)
+    full, gamma = torch.tensor([3]), 3
+
+    def rounds(confidence: float, count: int) -> str:
+        seen = ""
+        for _ in range(count):
+            if policy.may_send_drafts(full, gamma):
+                policy(torch.full((1, gamma), confidence, dtype=torch.float64), full)
+                seen += "D"
+            else:
+                seen += "-"
+        return seen
+
+    assert rounds(0.0, 16) == "D-D--D----D----D"
+    assert rounds(1.0, 6) == "----DD"  # the pause left over, then drafts are sent and the back-off ends
+    with pytest.raises(ValueError, match="backoff"):
+        PrefixScheduler(SPSTable.linear(1.0, 0.05, 64), backoff=-1)
+
+
 def test_fixed_length_zero_never_drafts():
     assert not FixedLength(0).may_send_drafts(torch.tensor([3]), 3)
     assert FixedLength(1).may_send_drafts(torch.tensor([3]), 3)
