@@ -15,7 +15,8 @@ streams its vocabulary three times:
 The row's CE, L1, c* and the BCE of its confidence logit (and that gradient, ``c·γ·(σ(z) − c*)``) come out
 of the same program. The chunk's ``g`` then gives the gradients of the hidden states, the Markov features
 and W2 by three matmuls, and the buffers are reused for the next chunk. Peak extra memory is two
-``[chunk, V]`` fp32 buffers however many rows there are. The gradient matmuls, like autograd's on the
+``[chunk, V]`` fp32 buffers and one 16-bit product in flight; by default a chunk is an eighth of the rows
+(:func:`default_chunk_rows`), at most ~256 MiB per buffer. The gradient matmuls, like autograd's on the
 PyTorch path, take the logits' gradient in the heads' dtype. Gradients are computed in the forward pass
 (training always needs them) and scaled by the incoming gradient in backward. ``lm_head`` and the target
 are frozen, as in DSpark training; the launcher refuses an ``lm_head`` that requires grad.
