@@ -58,6 +58,16 @@ CONFIGS = {
 
 
 @triton.jit
+def _kv_tiles(k_ptr, v_ptr, offsets, mask, ACC: tl.constexpr, UPCAST: tl.constexpr):
+    """A tile of keys and the matching values (zeros where masked), upcast after loading under ``UPCAST``."""
+    keys = tl.load(k_ptr + offsets, mask=mask, other=0.0)
+    values = tl.load(v_ptr + offsets, mask=mask, other=0.0)
+    if UPCAST:
+        keys, values = keys.to(ACC), values.to(ACC)
+    return keys, values
+
+
+@triton.jit
 def _online_update(q, keys, values, valid, run_max, run_sum, acc, scale, ACC: tl.constexpr, PRECISION: tl.constexpr):
     scores = tl.dot(q, tl.trans(keys), input_precision=PRECISION, out_dtype=ACC) * scale
     scores = tl.where(valid, scores, float("-inf"))
@@ -122,10 +132,7 @@ def _block_attention_kernel(
         col_mask = cols < hi
         kv_off = cols[:, None] * skc_s + dims[None, :]
         tile_mask = col_mask[:, None] & dim_mask[None, :]
-        keys = tl.load(kc_base + kv_off, mask=tile_mask, other=0.0)
-        values = tl.load(vc_base + kv_off, mask=tile_mask, other=0.0)
-        if UPCAST:
-            keys, values = keys.to(ACC), values.to(ACC)
+        keys, values = _kv_tiles(kc_base, vc_base, kv_off, tile_mask, ACC, UPCAST)
         run_max, run_sum, acc = _online_update(q, keys, values, col_mask[None, :], run_max, run_sum, acc, scale,
                                                ACC, PRECISION)
 
@@ -134,10 +141,7 @@ def _block_attention_kernel(
         j_mask = js < gamma
         kb_off = b * skb_b + n * skb_n + kv * skb_h + js[:, None] * skb_k + dims[None, :]
         tile_mask = j_mask[:, None] & dim_mask[None, :]
-        keys = tl.load(kb_ptr + kb_off, mask=tile_mask, other=0.0)
-        values = tl.load(vb_ptr + kb_off, mask=tile_mask, other=0.0)
-        if UPCAST:
-            keys, values = keys.to(ACC), values.to(ACC)
+        keys, values = _kv_tiles(kb_ptr, vb_ptr, kb_off, tile_mask, ACC, UPCAST)
         run_max, run_sum, acc = _online_update(q, keys, values, j_mask[None, :], run_max, run_sum, acc, scale,
                                                ACC, PRECISION)
 
@@ -228,10 +232,7 @@ def _block_attention_bwd_query_kernel(
         col_mask = cols < ctx_len
         kv_off = cols[:, None] * skc_s + dims[None, :]
         tile_mask = col_mask[:, None] & dim_mask[None, :]
-        keys = tl.load(kc_base + kv_off, mask=tile_mask, other=0.0)
-        values = tl.load(vc_base + kv_off, mask=tile_mask, other=0.0)
-        if UPCAST:
-            keys, values = keys.to(ACC), values.to(ACC)
+        keys, values = _kv_tiles(kc_base, vc_base, kv_off, tile_mask, ACC, UPCAST)
         _, ds = _score_grads(q, do, keys, values, lse, delta, live[:, None] & col_mask[None, :], scale, ACC,
                              PRECISION)
         dq += tl.dot(ds.to(keys.dtype), keys, input_precision=PRECISION, out_dtype=ACC)
@@ -240,10 +241,7 @@ def _block_attention_bwd_query_kernel(
     j_mask = js < gamma
     kb_off = b * skb_b + n * skb_n + kv * skb_h + js[:, None] * skb_k + dims[None, :]
     tile_mask = j_mask[:, None] & dim_mask[None, :]
-    keys = tl.load(kb_ptr + kb_off, mask=tile_mask, other=0.0)
-    values = tl.load(vb_ptr + kb_off, mask=tile_mask, other=0.0)
-    if UPCAST:
-        keys, values = keys.to(ACC), values.to(ACC)
+    keys, values = _kv_tiles(kb_ptr, vb_ptr, kb_off, tile_mask, ACC, UPCAST)
     p, ds = _score_grads(q, do, keys, values, lse, delta, live[:, None] & j_mask[None, :], scale, ACC, PRECISION)
     dq += tl.dot(ds.to(keys.dtype), keys, input_precision=PRECISION, out_dtype=ACC)
     dv_blk = tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PRECISION, out_dtype=ACC)
@@ -273,10 +271,7 @@ def _block_attention_bwd_context_kernel(
     dims = tl.arange(0, BLOCK_D)
     tile_mask = (cols < context)[:, None] & (dims < head_dim)[None, :]
     kv_off = b * skc_b + kv * skc_h + cols[:, None] * skc_s + dims[None, :]
-    keys = tl.load(kc_ptr + kv_off, mask=tile_mask, other=0.0)
-    values = tl.load(vc_ptr + kv_off, mask=tile_mask, other=0.0)
-    if UPCAST:
-        keys, values = keys.to(ACC), values.to(ACC)
+    keys, values = _kv_tiles(kc_ptr, vc_ptr, kv_off, tile_mask, ACC, UPCAST)
     scale = tl.load(scale_ptr).to(ACC)
     dk = tl.zeros([BLOCK_N, BLOCK_D], ACC)
     dv = tl.zeros([BLOCK_N, BLOCK_D], ACC)
