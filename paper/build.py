@@ -142,7 +142,7 @@ def provenance_line(names: list[str], provenance: dict) -> str:
         if name not in SOURCES:
             continue
         entry = provenance["results"].get(name)
-        commit = load_commit(name)
+        commit = load(name, cited=False)["environment"]["commit"]
         if entry is None or entry["commit"] != commit:
             raise RuntimeError(f"paper/provenance.json does not describe {name}.json at commit {commit}: "
                                "run python -m paper.build")
@@ -162,10 +162,6 @@ def provenance_line(names: list[str], provenance: dict) -> str:
     built = provenance["built_at"]
     printed.add(built.split("-")[0])
     return f"*Provenance (paper built at {built}): " + "; ".join(parts) + ".*\n"
-
-
-def load_commit(name: str) -> str:
-    return json.loads((RESULTS / f"{name}.json").read_text(encoding="utf-8"))["environment"]["commit"]
 
 
 def _results(out: list[str], name: str, heading: str, script: str) -> dict | None:
