@@ -190,20 +190,21 @@ class Eagle3Drafter(nn.Module):
         next_is_answer = F.pad(loss_mask[1:].bool(), (0, 1))
         mask = (next_is_answer[rows] & inside).long().cumprod(-1).bool()
         next_ids = F.pad(token_ids[1:], (0, 1))[rows]
-        total = torch.zeros((), device=token_ids.device)
-        ce_sums, accept, hits = [], [], []
-        for i, g in enumerate(self.ttt_hidden(token_ids, taps, steps)):
-            logits = self.lm_head(self.norm(g[rows[:, i]]))
-            log_probs = torch.log_softmax(logits.float(), -1)
-            probs = target_probs[rows[:, i]]
-            ce_sum = (-(probs * log_probs).sum(-1) * mask[:, i]).sum()
-            total = total + STEP_DECAY**i * ce_sum
-            with torch.no_grad():
-                accept.append((1 - 0.5 * (log_probs.exp() - probs).abs().sum(-1)).clamp(0, 1))
-                hits.append(logits.argmax(-1) == next_ids[:, i])
-            ce_sums.append(ce_sum.detach())
-        norm = torch.as_tensor(normalizer, dtype=torch.float32, device=total.device).clamp(min=1)
-        return TTTOutput(total / norm, torch.stack(ce_sums), torch.stack(accept, 1), mask, torch.stack(hits, 1))
+        # One head product over every step's rows: under autocast a frozen weight is re-cast at each call
+        # (autocast caches only trainable leaves), and at 49,152 × d that cast cost more than the product.
+        outputs = self.ttt_hidden(token_ids, taps, steps)
+        g = torch.stack([out[rows[:, i]] for i, out in enumerate(outputs)], 1)  # [N, steps, d]
+        logits = self.lm_head(self.norm(g))
+        log_probs = torch.log_softmax(logits.float(), -1)
+        probs = target_probs[rows]
+        ce = -(probs * log_probs).sum(-1) * mask  # [N, steps]
+        ce_sums = ce.sum(0)
+        decay = STEP_DECAY ** torch.arange(steps, device=ce_sums.device, dtype=ce_sums.dtype)
+        with torch.no_grad():
+            accept = (1 - 0.5 * (log_probs.exp() - probs).abs().sum(-1)).clamp(0, 1)
+            hits = logits.argmax(-1) == next_ids
+        norm = torch.as_tensor(normalizer, dtype=torch.float32, device=ce_sums.device).clamp(min=1)
+        return TTTOutput((decay * ce_sums).sum() / norm, ce_sums.detach(), accept, mask, hits)
 
     # -- decoding
     def new_cache(self, batch_size: int, capacity: int = 64, *, device=None, dtype=None) -> ChainCache:
