@@ -35,14 +35,14 @@ STEP_DECAY = 0.8
 @dataclass
 class TTTOutput:
     """What :meth:`Eagle3Drafter.ttt_loss` returns: the loss, the soft-CE sum of each step ``[steps]``, and
-    per chain and step ``[N, steps]`` the accepted probability ``c* = 1 − ½‖p_d − p_t‖₁``, the supervised
-    mask and the greedy hits."""
+    per chain and step ``[N, steps]`` the supervised mask, the accepted probability ``c* = 1 − ½‖p_d − p_t‖₁``
+    and the greedy hits (these two ``None`` when the loss was asked for without metrics)."""
 
     loss: torch.Tensor
     ce_sums: torch.Tensor
-    acceptance: torch.Tensor
     mask: torch.Tensor
-    hits: torch.Tensor
+    acceptance: torch.Tensor | None = None
+    hits: torch.Tensor | None = None
 
     def tau_prob(self) -> torch.Tensor:
         """``[N]``: 1 + Σ_k Π_{i≤k} c*_i per chain (method.md §8), steps past the supervised prefix counting 0."""
@@ -164,7 +164,8 @@ class Eagle3Drafter(nn.Module):
         return [self.lm_head(self.norm(g)) for g in self.ttt_hidden(token_ids, taps, steps)]
 
     def ttt_loss(self, token_ids: torch.Tensor, taps: torch.Tensor, target_probs: torch.Tensor,
-                 loss_mask: torch.Tensor, anchors: torch.Tensor, normalizer: torch.Tensor | float) -> TTTOutput:
+                 loss_mask: torch.Tensor, anchors: torch.Tensor, normalizer: torch.Tensor | float, *,
+                 metrics: bool = True) -> TTTOutput:
         """Σ_i 0.8^i · Σ_n soft-CE(step i at row anchor_n + i) / normalizer, over chains from ``anchors``.
 
         The chain anchored at position a drafts ``x_{a+1} … x_{a+γ}``: step i is read at row a + i. A step
@@ -177,6 +178,8 @@ class Eagle3Drafter(nn.Module):
             target_probs: ``[S, V]`` the target's distribution of the token after each position.
             anchors: ``[N]`` chain anchors (positions ≥ 1, so that each has a real target feature before it).
             normalizer: the loss denominator (supervised first steps, summed over ranks).
+            metrics: also return c* and the greedy hits (three more passes over ``[N, steps, V]``, about 14% of
+                a CPU training step, so training leaves them to evaluation).
         """
         steps, seq = self.config.block_size, token_ids.shape[0]
         check_tensor("target_probs", target_probs, shape=(seq, self.config.vocab_size), floating=True)
@@ -200,11 +203,13 @@ class Eagle3Drafter(nn.Module):
         ce = -(probs * log_probs).sum(-1) * mask  # [N, steps]
         ce_sums = ce.sum(0)
         decay = STEP_DECAY ** torch.arange(steps, device=ce_sums.device, dtype=ce_sums.dtype)
-        with torch.no_grad():
-            accept = (1 - 0.5 * (log_probs.exp() - probs).abs().sum(-1)).clamp(0, 1)
-            hits = logits.argmax(-1) == next_ids
         norm = torch.as_tensor(normalizer, dtype=torch.float32, device=ce_sums.device).clamp(min=1)
-        return TTTOutput((decay * ce_sums).sum() / norm, ce_sums.detach(), accept, mask, hits)
+        out = TTTOutput((decay * ce_sums).sum() / norm, ce_sums.detach(), mask)
+        if metrics:
+            with torch.no_grad():
+                out.acceptance = (1 - 0.5 * (log_probs.exp() - probs).abs().sum(-1)).clamp(0, 1)
+                out.hits = logits.argmax(-1) == next_ids
+        return out
 
     # -- decoding
     def new_cache(self, batch_size: int, capacity: int = 64, *, device=None, dtype=None) -> ChainCache:

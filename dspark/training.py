@@ -364,7 +364,7 @@ class Trainer:
             normalizer=normalizer, chunk_rows=self.config.loss_chunk_rows, backend=self.config.loss_backend,
             **self.config.loss_weights())
 
-    def _ttt(self, step: int, index: int, sample: Sample, normalizer: torch.Tensor | float):
+    def _ttt(self, step: int, index: int, sample: Sample, normalizer: torch.Tensor | float, metrics: bool = False):
         """The eagle3 loss of one sequence, its chains anchored where a DSpark step would put its blocks."""
         anchors = self._chain_anchors(step, index, sample)
         taps, hidden = self.source.features(index if sample.key is None else sample.key, sample)
@@ -373,7 +373,8 @@ class Trainer:
             target_probs = torch.softmax(vocab_product(hidden.to(self.target_lm_head.dtype), self.target_lm_head), -1)
         with self._autocast():
             return self.drafter.ttt_loss(sample.token_ids.to(self.device), taps, target_probs,
-                                         sample.loss_mask.to(self.device), anchors.to(self.device), normalizer)
+                                         sample.loss_mask.to(self.device), anchors.to(self.device), normalizer,
+                                         metrics=metrics)
 
     def _generator(self, step: int, index: int) -> torch.Generator:
         return torch.Generator().manual_seed((self.config.seed * 1_000_003 + (step + 1) * 65_537 + index) % 2**63)
@@ -466,7 +467,7 @@ class Trainer:
         totals["counted"] += mask.float().sum(0).cpu()
 
     def _evaluate_chains(self, j: int, sample: Sample, totals: dict) -> None:
-        out = self._ttt(-1, j, sample, 1.0)  # step -1: a fixed set of held-out anchors
+        out = self._ttt(-1, j, sample, 1.0, metrics=True)  # step -1: a fixed set of held-out anchors
         totals["loss"][0] += float(out.ce_sums[0]) / max(1, len(out.mask))
         totals["tau"] += float(out.tau_prob().sum())
         totals["blocks"] += len(out.mask)
