@@ -127,8 +127,8 @@ def _rows_loss(hidden, lm_head, target_hidden, target_lm_head, labels, weights, 
     """Weighted per-chunk sums: (total, ce, l1, bce) each a scalar, and c* per row."""
     compute = torch.promote_types(hidden.dtype, torch.float32)
     logits = vocab_product(hidden, lm_head, compute)
-    if markov_emb is not None:
-        logits = logits + vocab_product(markov_emb, markov_w2, compute)
+    if markov_emb is not None:  # added in place in compute precision, without an upcast copy of the bias
+        logits.add_(vocab_product(markov_emb, markov_w2, compute, upcast=False))
     with torch.no_grad():
         target_logits = vocab_product(target_hidden, target_lm_head, compute)
     ce, l1 = _CrossEntropyAndL1.apply(logits, target_logits, labels)
@@ -178,15 +178,17 @@ class _CrossEntropyAndL1(torch.autograd.Function):
 
 
 def vocab_product(rows: torch.Tensor, table: torch.Tensor,
-                  compute: torch.dtype = torch.float32) -> torch.Tensor:
+                  compute: torch.dtype = torch.float32, *, upcast: bool = True) -> torch.Tensor:
     """``rows [M, d] @ table [V, d]ᵀ`` in ``compute`` precision.
 
     When both operands are bf16 (or both fp16) the product runs in that dtype (fp32 accumulation inside
-    the GEMM, about 2× faster on CPUs with bf16 units) and only its result is upcast, so everything after
-    the vocabulary products stays in ``compute``.
+    the GEMM, about 2× faster on CPUs with bf16 units) and only its result is upcast (left half with
+    ``upcast=False``, for a caller that adds it into a ``compute`` tensor), so everything after the
+    vocabulary products stays in ``compute``.
     """
     if rows.dtype == table.dtype and rows.dtype in (torch.bfloat16, torch.float16):
-        return (rows @ table.T).to(compute)
+        product = rows @ table.T
+        return product.to(compute) if upcast else product
     return rows.to(compute) @ table.to(compute).T
 
 
