@@ -102,8 +102,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "train":
         from dspark.checkpoint import default_drafter_dir
-        from dspark.training import train_default_drafter
+        from dspark.training import train_default_drafter, tune_cpu_allocator
 
+        tune_cpu_allocator()
         settings = _train_settings(args)
         output = args.output or default_drafter_dir().with_name(f"smollm2-135m-instruct-{settings['objective']}")
         path = train_default_drafter(output, **settings)

@@ -10,6 +10,7 @@ from dspark.training import (
     Trainer,
     block_targets,
     sample_anchors,
+    tune_cpu_allocator,
     write_offline_features,
 )
 from tests.e2e.training_helpers import distributed_worker, tiny_trainer
@@ -81,6 +82,27 @@ def test_training_lowers_held_out_loss():
     trainer.fit(progress=False)
     after = trainer.evaluate()
     assert after["eval_l1"] < before["eval_l1"] and after["eval_tau_prob"] > before["eval_tau_prob"]
+
+
+@pytest.mark.parametrize("head_trainable", [False, True])
+def test_bf16_steps_with_a_frozen_or_a_trainable_lm_head(head_trainable):
+    """The head is cast to bf16 once per step and shared by the step's sequences: a trainable one must still
+    get every sequence's gradient through that one cast."""
+    trainer, _ = tiny_trainer(steps=2, precision="bf16")
+    trainer.drafter.lm_head.weight.requires_grad_(head_trainable)
+    trainer.optimizer.add_param_group({"params": [trainer.drafter.lm_head.weight]} if head_trainable else
+                                      {"params": []})
+    before = trainer.drafter.lm_head.weight.detach().clone()
+    history = trainer.fit(progress=False)
+    assert all(torch.isfinite(torch.tensor(row["loss"])) for row in history)
+    moved = not torch.equal(trainer.drafter.lm_head.weight.detach(), before)
+    assert moved == head_trainable
+
+
+def test_cpu_allocator_tuning_applies_on_glibc():
+    import platform
+
+    assert tune_cpu_allocator() == (platform.system() == "Linux" and platform.libc_ver()[0] == "glibc")
 
 
 def test_eagle3_unrolled_training_lowers_held_out_loss():
