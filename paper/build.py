@@ -889,7 +889,10 @@ def section_speed(out: list[str], figures: Path) -> None:
         out.append("**Training step memory and throughput** (`benchmarks/bench_training.py`): the same drafter and "
                    "synthetic features, a few Trainer steps per variant in a fresh process; peak memory above what "
                    "the process held before its first step (CPU: resident set; GPU: allocated), tokens = block "
-                   "slots trained per second:\n")
+                   "slots trained per second (on the CPU, the median of interleaved runs). *bf16* runs every "
+                   "product on bf16 operands, *bf16-vocab* adds the reduced draft vocabulary, and *recipe* is "
+                   "*bf16-vocab* as `python -m dspark train` runs it, with freed buffers kept for reuse "
+                   "(`tune_cpu_allocator`):\n")
         out.append("| where | scale | rows per step | loss | tokens/s | peak memory (MiB) | vs plain |")
         out.append("|---|---|---|---|---|---|---|")
         for t in training:
