@@ -700,7 +700,8 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
                 "final": trainer.history[-1] if trainer.history else {}, "vocab": vocab_report,
                 "curve": [{k: row[k] for k in ("step", "answer_tokens_seen", "eval_tau_prob", "eval_accuracy")}
                           for row in trainer.history if "eval_tau_prob" in row],
-                "run": {"arguments": arguments, "train_config": asdict(train_config), "commit": source_commit()}}
+                "run": {"arguments": arguments, "train_config": asdict(train_config), "commit": source_commit(),
+                        "threads": torch.get_num_threads()}}
     if is_dspark and calibrate:
         t0 = time.perf_counter()
         metadata["sts"] = calibrate_on_samples(target, trainer.drafter.eval(), trainer.held_out,

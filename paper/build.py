@@ -369,10 +369,13 @@ def section_training(out: list[str], figures: Path) -> None:
         # The corpus phase of each arm only found the shared corpus on disk; its building time is under Data.
         phases = ", ".join(f"{k} {num(seconds[k] / 60, '.1f')} min" for k in ("train", "calibrate") if k in seconds)
         arguments = (arm.get("run") or {}).get("arguments", {})
+        # Runs from before the thread count was recorded ran one per core, side by side.
+        threads = (arm.get("run") or {}).get("threads", 1)
+        cores = "one CPU core" if threads == 1 else f"{num(threads, 'd')} threads"
         out.append(f"- **{LABELS.get(name, name)}.** {draft_layers(arguments)}, "
                    f"{num(arm['steps'], 'd')} steps on {num(arm['train_sequences'], 'd')} sequences ({coverage}"
                    f"held-out τ_prob {num(arm['final']['eval_tau_prob'])} on {num(arm['held_out_sequences'], 'd')} "
-                   f"sequences). Wall-clock: {phases} (one CPU core each; the corpus was built once for all arms)."
+                   f"sequences). Wall-clock: {phases} on {cores} (the corpus was built once for all arms)."
                    + recipe_difference(arguments, recipe))
     out.append("")
     _figure_curve(arms, figures)
