@@ -193,8 +193,8 @@ class Eagle3Drafter(nn.Module):
         next_is_answer = F.pad(loss_mask[1:].bool(), (0, 1))
         mask = (next_is_answer[rows] & inside).long().cumprod(-1).bool()
         next_ids = F.pad(token_ids[1:], (0, 1))[rows]
-        # One head product over every step's rows: under autocast a frozen weight is re-cast at each call
-        # (autocast caches only trainable leaves), and at 49,152 × d that cast cost more than the product.
+        # One head product over every step's rows, not one per step: a larger GEMM, and under autocast the
+        # frozen head (autocast caches casts of trainable leaves only) is cast once per sequence, not per step.
         outputs = self.ttt_hidden(token_ids, taps, steps)
         g = torch.stack([out[rows[:, i]] for i, out in enumerate(outputs)], 1)  # [N, steps, d]
         logits = self.lm_head(self.norm(g))

@@ -148,8 +148,8 @@ class _CrossEntropyAndL1(torch.autograd.Function):
     The same values autograd gets through ``log_softmax``, ``exp``, ``abs`` and ``gather``, with the
     backward written out: ∂CE/∂ℓ = p − onehot(label) and ∂L1/∂ℓ = p ⊙ (s − ⟨p, s⟩) with s = sign(p − q).
     Autograd's version keeps about six ``[M, V]`` tensors alive and makes about twenty passes over them; this
-    keeps two (p and p − q) and makes about half the passes, which is most of a CPU training step's
-    elementwise time. ``target_logits`` and ``logits`` are consumed: the caller must not reuse them.
+    keeps two (p and p − q) and makes about half the passes; on a CPU, where these passes were a third of
+    a training step, that halves their time.
     """
 
     @staticmethod
@@ -171,7 +171,7 @@ class _CrossEntropyAndL1(torch.autograd.Function):
     def backward(ctx, grad_ce: torch.Tensor, grad_l1: torch.Tensor):
         probs, diff, labels = ctx.saved_tensors
         grad = torch.sign(diff)
-        inner = torch.linalg.vecdot(probs, grad)
+        inner = (probs[:, None, :] @ grad[:, :, None]).view(-1)  # ⟨p, s⟩ per row, without an [M, V] product
         grad.mul_(grad_l1[:, None]).add_((grad_ce - grad_l1 * inner)[:, None]).mul_(probs)
         grad.scatter_add_(-1, labels[:, None], -grad_ce[:, None])
         return grad, None, None

@@ -133,6 +133,6 @@ def test_ttt_loss_reads_step_i_at_anchor_plus_i_over_the_answer_prefix():
     assert abs(float(out.loss.detach()) - soft_ce / 3.0) <= 1e-5 * soft_ce
     lean = drafter.ttt_loss(ids, taps, target_probs, loss_mask, anchors, normalizer=3.0, metrics=False)
     assert lean.acceptance is None and lean.hits is None
-    assert float(lean.loss) == float(out.loss) and bool((lean.ce_sums == out.ce_sums).all())
+    assert float(lean.loss.detach()) == float(out.loss.detach()) and bool((lean.ce_sums == out.ce_sums).all())
     with pytest.raises(ValueError, match="anchors"):
         drafter.ttt_loss(ids, taps, target_probs, loss_mask, torch.tensor([0]), normalizer=1.0)
