@@ -719,14 +719,22 @@ def _coverage(answers: list[torch.Tensor], mapping: torch.Tensor, vocab_size: in
     return float(inside[tokens].float().mean()) if tokens.numel() else float("nan")
 
 
-def source_commit() -> str:
-    """The git commit of this source tree (``-dirty`` with uncommitted changes), or ``unknown`` if not a checkout."""
+# What measurements write: a change there leaves the code that measures as committed.
+MEASUREMENT_OUTPUTS = ("benchmarks/results", "paper/dspark.md", "paper/figures", "paper/provenance.json")
+
+
+def source_commit(root: str | os.PathLike | None = None) -> str:
+    """The git commit of this source tree (or ``root``): ``-dirty`` with uncommitted changes outside the
+    measurement outputs, so that one benchmark's fresh results do not mark the next one's; ``unknown`` if
+    not a checkout."""
     import subprocess
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[1] if root is None else Path(root)
+    outside = [".", *(f":(exclude){path}" for path in MEASUREMENT_OUTPUTS)]
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True)
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True).stdout
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", *outside], cwd=root, capture_output=True,
+                               text=True).stdout
     except OSError:
         return "unknown"
     return head.stdout.strip() + ("-dirty" if dirty.strip() else "") if head.returncode == 0 else "unknown"

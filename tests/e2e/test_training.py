@@ -10,6 +10,7 @@ from dspark.training import (
     Trainer,
     block_targets,
     sample_anchors,
+    source_commit,
     tune_cpu_allocator,
     write_offline_features,
 )
@@ -97,6 +98,27 @@ def test_bf16_steps_with_a_frozen_or_a_trainable_lm_head(head_trainable):
     assert all(torch.isfinite(torch.tensor(row["loss"])) for row in history)
     moved = not torch.equal(trainer.drafter.lm_head.weight.detach(), before)
     assert moved == head_trainable
+
+
+def test_source_commit_is_dirty_for_code_changes_only(tmp_path):
+    import subprocess
+
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    (tmp_path / "benchmarks" / "results").mkdir(parents=True)
+    (tmp_path / "benchmarks" / "results" / "r.json").write_text("{}")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("init", "-q")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
+    clean = source_commit(tmp_path)
+    assert clean and "-dirty" not in clean and clean != "unknown"
+    (tmp_path / "benchmarks" / "results" / "r.json").write_text('{"new": 1}')
+    (tmp_path / "benchmarks" / "results" / "other.json").write_text("{}")
+    assert source_commit(tmp_path) == clean  # fresh measurements leave the code as committed
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert source_commit(tmp_path) == clean + "-dirty"
 
 
 def test_cpu_allocator_tuning_applies_on_glibc():
