@@ -186,18 +186,17 @@ def recipe_difference(arguments: dict, recipe: dict) -> str:
     return f" Trained by an earlier recipe ({listed}), not re-trained since."
 
 
-def eagle3_same_budget() -> bool:
-    """Whether the EAGLE-3-style arm of ``training_recipe.json`` trained on the DSpark arm's sequences for as
-    many steps (otherwise it was given a training time, not a step count)."""
-    recipe = load("training_recipe", cited=False)
-    arms = recipe["arms"] if recipe else {}
+def eagle3_same_budget(arms: dict) -> bool:
+    """Whether the EAGLE-3-style drafter of ``arms`` (drafter metadata by name) trained on the DSpark one's
+    sequences for as many steps (otherwise it was given a training time, not a step count)."""
     if "eagle3" not in arms or "dspark" not in arms:
         return False
-    return all(arms["eagle3"][k] == arms["dspark"][k] for k in ("steps", "train_sequences", "train_answer_tokens"))
+    return all(arms["eagle3"].get(k) == arms["dspark"].get(k)
+               for k in ("steps", "train_sequences", "train_answer_tokens"))
 
 
-def eagle3_budget_sentence() -> str:
-    if eagle3_same_budget():
+def eagle3_budget_sentence(arms: dict) -> str:
+    if eagle3_same_budget(arms):
         return ("The EAGLE-3-style drafter drafts the full vocabulary and unrolls γ steps, so its training steps "
                 "cost more; it was trained on the same sequences for the same number of steps.")
     return ("The EAGLE-3-style drafter drafts the full vocabulary and unrolls γ steps, so its training steps "
@@ -267,7 +266,8 @@ def section_acceptance(out: list[str], figures: Path) -> None:
                f"turns, none in the training pool), {num(result['max_new_tokens'], 'd')} new tokens, every drafted "
                "slot verified (no scheduler); τ counts the bonus token. The drafters were trained by the recipe of §2 "
                "on target-answered ShareGPT sequences with γ = 7; each one's layers, steps and data are listed "
-               f"below the table. {eagle3_budget_sentence()} Measured on {machine(result)}.\n")
+               f"below the table. {eagle3_budget_sentence(result.get('drafter_metadata', {}))} "
+               f"Measured on {machine(result)}.\n")
     out.append("| drafter | T | math τ | code τ | chat τ | paper (Qwen3-4B, T = 1): GSM8K / HumanEval / MT-Bench |")
     out.append("|---|---|---|---|---|---|")
     for name in drafters:
@@ -1035,7 +1035,9 @@ def section_limits(out: list[str]) -> None:
                    "verify pass when confidence is low, and with back-off, which the demo uses, stops drafting "
                    "while it sends nothing"
                    + _backoff_clause() + ".")
-    out.append(f"- {eagle3_budget_sentence()} §2 lists the data and recipe each arm was actually trained with.")
+    recipe = load("training_recipe", cited=False)
+    out.append(f"- {eagle3_budget_sentence(recipe['arms'] if recipe else {})} §2 lists the data and recipe each arm "
+               "was actually trained with.")
     shipped = drafter_date()
     stale = [what for what, name in (("the sweeps (§3)", "sweeps"), ("calibration (§4)", "calibration_cpu"),
                                      ("the scheduler study's trained pool (§5)", "scheduler"),
