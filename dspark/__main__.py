@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 
 def example() -> None:
@@ -52,6 +53,8 @@ def _train_settings(args) -> dict:
         unknown = set(loaded) - allowed
         if unknown:
             raise SystemExit(f"{args.config}: unknown settings {sorted(unknown)}; allowed: {sorted(allowed)}")
+        if "answers" in loaded:  # a path in a config file is relative to that file
+            loaded["answers"] = str(Path(args.config).resolve().parent / loaded["answers"])
         settings.update(loaded)
     flags = {"objective": args.objective, "steps": args.steps, "num_prompts": args.prompts,
              "num_draft_layers": args.layers, "block_size": args.block_size}

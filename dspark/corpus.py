@@ -14,6 +14,9 @@ kept, so no second forward over the answers is needed.
 * Each sample is one file ``{index:06d}.safetensors`` in the layout of :class:`dspark.training.OfflineFeatures`
   (``hidden_states [S, taps + 1, H]`` in bf16, ``token_ids``, ``loss_mask``), written atomically; a rerun
   skips every sample already on disk, so the corpus resumes after an interruption.
+* :func:`save_answers` keeps a corpus without its features (token ids only: a few MB, small enough to commit)
+  and :func:`rebuild_corpus` turns that back into the corpus with one batched forward per batch, several
+  times faster than answering again.
 * ``max_bytes`` bounds the cache on disk: regeneration stops, and says so, after the batch that reaches it;
   ``max_samples`` answers only a prefix of the shuffled order (a budget a later call can extend).
 """
@@ -29,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from dspark.io import atomic_write_text
+from dspark.io import atomic_write, atomic_write_text
 from dspark.training import Sample, write_feature_file
 
 
@@ -128,18 +131,7 @@ def build_corpus(target, prompts: list[str] | list[list[int]], directory: str | 
         raise ValueError("batch_size, round_size and max_new_tokens must be positive")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    settings = {"num_prompts": len(prompts), "max_new_tokens": max_new_tokens, "seed": seed,
-                "target_dtype": str(next(target.model.parameters()).dtype), "feature_dtype": str(dtype),
-                "tap_layers": list(target.tap_layers), "hidden_size": target.hidden_size,
-                "prompts_digest": _digest(prompts)}
-    manifest = directory / "corpus.json"
-    if manifest.exists():
-        recorded = json.loads(manifest.read_text(encoding="utf-8"))
-        if recorded.get("settings") != settings:
-            raise ValueError(f"{directory} holds a corpus made with other settings ({recorded.get('settings')}); "
-                             "use another directory")
-    else:
-        atomic_write_text(manifest, json.dumps({"settings": settings, "runs": []}, indent=2) + "\n")
+    manifest = _open_manifest(directory, _settings(target, prompts, max_new_tokens, seed, dtype))
     order = corpus_order(len(prompts), seed)[:max_samples]
     todo = [i for i in order if not sample_path(directory, i).exists()]
     used = sum(p.stat().st_size for p in directory.glob("*.safetensors"))
@@ -195,6 +187,29 @@ def build_corpus(target, prompts: list[str] | list[list[int]], directory: str | 
     return report
 
 
+def _settings(target, prompts: list[str] | list[list[int]], max_new_tokens: int, seed: int,
+              dtype: torch.dtype) -> dict:
+    """What makes two corpora the same: the prompt list, the answering target and the answer budget."""
+    return {"num_prompts": len(prompts), "max_new_tokens": max_new_tokens, "seed": seed,
+            "target_dtype": str(next(target.model.parameters()).dtype), "feature_dtype": str(dtype),
+            "tap_layers": list(target.tap_layers), "hidden_size": target.hidden_size,
+            "prompts_digest": _digest(prompts)}
+
+
+def _open_manifest(directory: Path, settings: dict, runs: list[dict] | None = None) -> Path:
+    """``directory/corpus.json``, created with ``settings`` (and ``runs``, the answering runs' record), or checked
+    against them if it exists."""
+    manifest = directory / "corpus.json"
+    if manifest.exists():
+        recorded = json.loads(manifest.read_text(encoding="utf-8"))
+        if recorded.get("settings") != settings:
+            raise ValueError(f"{directory} holds a corpus made with other settings ({recorded.get('settings')}); "
+                             "use another directory")
+    else:
+        atomic_write_text(manifest, json.dumps({"settings": settings, "runs": list(runs or [])}, indent=2) + "\n")
+    return manifest
+
+
 def _record_run(manifest: Path, index: int | None, report: CorpusReport, batch_size: int) -> int:
     """Write this run's entry into the manifest (appended the first time, replaced after); its index."""
     recorded = json.loads(manifest.read_text(encoding="utf-8"))
@@ -241,6 +256,156 @@ def load_corpus(directory: str | os.PathLike, keys: list[int] | None = None) -> 
         with safe_open(path, framework="pt") as f:
             samples.append(Sample(f.get_tensor("token_ids"), f.get_tensor("loss_mask").bool(), key=int(path.stem)))
     return samples
+
+
+@dataclass
+class Answers:
+    """A corpus without its features (what :func:`save_answers` writes): per sample its prompt index ``key``,
+    its token ids (prompt then answer) and where its answer starts, and the corpus's manifest (settings and
+    the answering runs' record)."""
+
+    manifest: dict
+    keys: list[int]
+    sequences: list[torch.Tensor]
+    answer_starts: list[int]
+
+    @property
+    def answer_tokens(self) -> int:
+        return sum(len(s) - a for s, a in zip(self.sequences, self.answer_starts))
+
+
+def save_answers(directory: str | os.PathLike, path: str | os.PathLike) -> Path:
+    """Store the corpus under ``directory`` without its features, compressed into one ``.npz`` at ``path``.
+
+    The token ids of a million answer tokens take a few MB where their bf16 features take tens of GB, so the
+    answers can be kept with the code and the features rebuilt from them by :func:`rebuild_corpus`: one
+    batched forward per batch of sequences instead of one decode step per answer token. Written atomically;
+    read back with ``allow_pickle=False``.
+    """
+    import numpy as np
+
+    directory, path = Path(directory), Path(path)
+    if not (directory / "corpus.json").exists():
+        raise ValueError(f"{directory} holds no corpus (no corpus.json)")
+    samples = load_corpus(directory)
+    if not samples:
+        raise ValueError(f"{directory} holds no samples")
+    starts = []
+    for sample in samples:
+        start = int(sample.loss_mask.long().argmax()) if bool(sample.loss_mask.any()) else len(sample.token_ids)
+        if not bool(sample.loss_mask[start:].all()) or bool(sample.loss_mask[:start].any()):
+            raise ValueError(f"sample {sample.key}: its loss mask is not a prompt followed by an answer")
+        starts.append(start)
+    ids = torch.cat([s.token_ids for s in samples])
+    id_dtype = np.uint16 if int(ids.max()) < 2 ** 16 else np.int32
+    lengths = torch.tensor([len(s.token_ids) for s in samples])
+    manifest = json.loads((directory / "corpus.json").read_text(encoding="utf-8"))
+    arrays = {"keys": np.array([s.key for s in samples], dtype=np.int64),
+              "offsets": np.concatenate([[0], np.cumsum(lengths.numpy())]).astype(np.int64),
+              "answer_starts": np.array(starts, dtype=np.int64), "token_ids": ids.numpy().astype(id_dtype),
+              "manifest": np.array(json.dumps(manifest))}
+
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as f:
+            np.savez_compressed(f, **arrays)
+
+    atomic_write(path, write)
+    return path
+
+
+def load_answers(path: str | os.PathLike) -> Answers:
+    """What :func:`save_answers` wrote (no pickle is loaded)."""
+    import numpy as np
+
+    path = Path(path)
+    if not path.exists():
+        raise ValueError(f"no answers archive at {path}")
+    with np.load(path, allow_pickle=False) as data:
+        missing = {"keys", "offsets", "answer_starts", "token_ids", "manifest"} - set(data.files)
+        if missing:
+            raise ValueError(f"{path} is not an answers archive: it lacks {sorted(missing)}")
+        keys, offsets, starts = data["keys"].tolist(), data["offsets"], data["answer_starts"].tolist()
+        ids = torch.from_numpy(data["token_ids"].astype(np.int64))
+        manifest = json.loads(str(data["manifest"]))
+    if len(offsets) != len(keys) + 1 or int(offsets[-1]) != len(ids) or len(starts) != len(keys):
+        raise ValueError(f"{path}: keys, offsets and token ids disagree in length")
+    sequences = [ids[int(a): int(b)] for a, b in zip(offsets[:-1], offsets[1:])]
+    return Answers(manifest, keys, sequences, starts)
+
+
+def rebuild_corpus(target, prompts: list[str] | list[list[int]], answers: str | os.PathLike,
+                   directory: str | os.PathLike, *, max_new_tokens: int = 192, keys: list[int] | None = None,
+                   batch_size: int = 32, dtype: torch.dtype = torch.bfloat16, seed: int = 0,
+                   progress: bool = True) -> CorpusReport:
+    """Rebuild under ``directory`` the corpus whose answers :func:`save_answers` stored at ``answers``.
+
+    ``target``, ``prompts`` and the settings must be those the corpus was answered with (the settings
+    :func:`build_corpus` records are compared, and every prompt is re-encoded and compared with the stored one),
+    so the result is
+    the corpus :func:`build_corpus` would write, with features from one forward over each whole sequence
+    instead of a prefill and one decode step per answer token (the same features up to rounding). ``keys``
+    keeps only those prompt indices. Resumable: samples on disk are kept. The manifest keeps the answering
+    runs' record and adds this rebuild to its ``rebuilds``. Returns the answer tokens rebuilt and the time.
+    """
+    if batch_size < 1:
+        raise ValueError("batch_size must be positive")
+    stored = load_answers(answers)
+    settings = stored.manifest.get("settings", {})
+    expected = _settings(target, prompts, max_new_tokens, seed, dtype)
+    if settings != expected:
+        differ = sorted(k for k in set(settings) | set(expected) if settings.get(k) != expected.get(k))
+        raise ValueError(f"the answers at {answers} were made with other settings (differing: {differ}); "
+                         "answer these prompts with build_corpus instead")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    manifest = _open_manifest(directory, settings, stored.manifest.get("runs"))
+    wanted = None if keys is None else set(keys)
+    todo = [i for i, key in enumerate(stored.keys)
+            if (wanted is None or key in wanted) and not sample_path(directory, key).exists()]
+    for i in todo:
+        prompt = _encode(target, prompts[stored.keys[i]])
+        if stored.sequences[i][: stored.answer_starts[i]].tolist() != prompt:
+            raise ValueError(f"prompt {stored.keys[i]} encodes differently from the stored one (another tokenizer "
+                             "or chat template?); answer the prompts with build_corpus instead")
+    todo.sort(key=lambda i: len(stored.sequences[i]))
+    report = CorpusReport(0, 0, 0.0, len(stored.keys) - len(todo), False)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=sum(len(stored.sequences[i]) for i in todo), desc="rebuilding features", unit="tok",
+                   dynamic_ncols=True)
+    start = time.perf_counter()
+    for b0 in range(0, len(todo), batch_size):
+        batch = todo[b0: b0 + batch_size]
+        width = max(len(stored.sequences[i]) for i in batch)
+        ids = torch.zeros(len(batch), width, dtype=torch.long)
+        valid = torch.zeros(len(batch), width, dtype=torch.bool)
+        for row, i in enumerate(batch):
+            ids[row, : len(stored.sequences[i])] = stored.sequences[i]
+            valid[row, : len(stored.sequences[i])] = True
+        taps, hidden = target.features(ids, valid)
+        for row, i in enumerate(batch):
+            n, key = len(stored.sequences[i]), stored.keys[i]
+            _write_sample(directory, key, stored.sequences[i].tolist(), stored.answer_starts[i], taps[row, :n].cpu(),
+                          hidden[row, :n].cpu(), dtype)
+            report.samples_written += 1
+            report.answer_tokens += n - stored.answer_starts[i]
+        report.seconds = time.perf_counter() - start
+        if bar is not None:
+            bar.update(int(valid.sum()))
+            bar.set_postfix(samples=report.samples_total + report.samples_written,
+                            answer_tok_s=f"{report.tokens_per_second:.0f}")
+    if bar is not None:
+        bar.close()
+    report.samples_total += report.samples_written
+    if report.samples_written:
+        recorded = json.loads(manifest.read_text(encoding="utf-8"))
+        recorded.setdefault("rebuilds", []).append(
+            {"from": Path(answers).name, "samples_written": report.samples_written,
+             "answer_tokens": report.answer_tokens, "seconds": round(report.seconds, 1), "batch_size": batch_size})
+        atomic_write_text(manifest, json.dumps(recorded, indent=2) + "\n")
+    return report
 
 
 def _encode(target, prompt: str | list[int]) -> list[int]:

@@ -83,6 +83,7 @@ class TargetModel:
         if backbone is None or not hasattr(backbone, "layers") or not hasattr(backbone, "norm"):
             raise ValueError(f"{type(model).__name__} has no model.layers / model.norm: not a decoder-only causal LM "
                              "this adapter knows")
+        self.backbone = backbone
         self.layers = backbone.layers
         self.num_layers = len(self.layers)
         self.tap_layers = list(tap_layers) if tap_layers is not None else uniform_tap_layers(
@@ -219,6 +220,23 @@ class TargetModel:
                          use_cache=True, **{self._cache_kw: state.cache})
         taps = torch.cat([self._captured[t] for t in self.tap_layers], -1)
         return TargetStep(out.logits.float(), taps, self._captured["final"])
+
+    @torch.no_grad()
+    def features(self, input_ids: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Taps ``[B, T, F]`` and final hidden states ``[B, T, H]`` of right-padded sequences ``input_ids [B, T]``
+        (``valid`` False on padding), in one forward with neither the LM head nor a cache: what the target reads
+        at every slot when it is fed the sequence (teacher forcing)."""
+        if input_ids.shape != valid.shape:
+            raise ValueError(f"input_ids {tuple(input_ids.shape)} and valid {tuple(valid.shape)} differ in shape")
+        batch, width = input_ids.shape
+        state = self.new_state(batch)
+        positions = torch.arange(width, device=self.device).expand(batch, width)
+        state.valid, state.slot_pos = valid.to(state.valid.device), positions.to(state.slot_pos.device)
+        mask = state.valid.long() if self.sliding_window is None else self._position_masks(state, positions)
+        self._captured.clear()
+        self.backbone(input_ids=input_ids.to(self.device), attention_mask=mask, position_ids=positions,
+                      use_cache=False)
+        return torch.cat([self._captured[t] for t in self.tap_layers], -1), self._captured["final"]
 
     def _position_masks(self, state: TargetState, positions: torch.Tensor):
         """Additive ``[B, 1, T, S]`` masks for the T tokens just fed: a query at position p sees the valid slots

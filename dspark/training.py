@@ -593,7 +593,8 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
                           num_draft_layers: int = 2, markov_rank: int = 32, block_size: int = 7, num_anchors: int = 48,
                           sequences_per_step: int = 4, draft_vocab_size: int | None = 16384, lr: float = 1e-3,
                           precision: str = "bf16", held_out: int = 48, eval_every: int = 200,
-                          seed: int = 0, work_dir: str | os.PathLike | None = None, calibrate: bool = True,
+                          seed: int = 0, answers: str | os.PathLike | None = None,
+                          work_dir: str | os.PathLike | None = None, calibrate: bool = True,
                           progress: bool = True) -> Path:
     """Train a drafter for SmolLM2-135M-Instruct on ShareGPT prompts answered by the target, on the CPU.
 
@@ -605,6 +606,9 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
        features are captured while it answers (:func:`dspark.corpus.build_corpus`). ``corpus_samples``
        keeps the first that many prompts of the corpus's shuffled order (a time budget that any later run
        can extend). Cached under ``work_dir`` (default ``$DSPARK_CACHE/training``), shared by every objective.
+       With ``answers`` (an archive :func:`dspark.corpus.save_answers` wrote from this corpus), the answers it
+       holds are not generated again: their features are rebuilt from it (:func:`dspark.corpus.rebuild_corpus`),
+       and only prompts it lacks are answered.
     2. ``vocab``: with ``draft_vocab_size``, the draft vocabulary is the most frequent answer tokens of the
        training split (plus EOS); its coverage of the training and held-out answers is recorded.
     3. ``train``: :class:`Trainer` for ``steps`` steps of ``sequences_per_step`` sequences, checkpointing every
@@ -623,7 +627,7 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     shared weights.
     """
     from dspark.checkpoint import save_drafter
-    from dspark.corpus import build_corpus, corpus_order, load_corpus
+    from dspark.corpus import build_corpus, corpus_order, load_corpus, rebuild_corpus
     from dspark.data import load_training_prompts
     from dspark.target import cache_root, load_default_target
 
@@ -634,6 +638,9 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
         work / f"corpus-bf16-{max_new_tokens}-{num_prompts}"
     prompts = load_training_prompts(num_prompts)
     answering = load_default_target(dtype=torch.bfloat16)
+    if answers is not None:
+        rebuild_corpus(answering, prompts, answers, corpus_dir, max_new_tokens=max_new_tokens,
+                       keys=corpus_order(len(prompts))[:corpus_samples], progress=progress)
     build_corpus(answering, prompts, corpus_dir, max_new_tokens=max_new_tokens, max_samples=corpus_samples,
                  progress=progress)
     del answering
@@ -693,7 +700,8 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
                  "steps": steps, "num_draft_layers": num_draft_layers, "markov_rank": markov_rank,
                  "block_size": block_size, "num_anchors": num_anchors, "sequences_per_step": sequences_per_step,
                  "draft_vocab_size": draft_vocab_size, "lr": lr, "precision": precision, "held_out": held_out,
-                 "eval_every": eval_every, "seed": seed, "calibrate": calibrate}
+                 "eval_every": eval_every, "seed": seed, "calibrate": calibrate,
+                 "answers": None if answers is None else Path(answers).name}
     metadata = {"objective": objective, "steps": trainer.step, "train_sequences": len(train),
                 "held_out_sequences": len(evaluation),
                 "train_answer_tokens": int(sum(int(s.loss_mask.sum()) for s in train)),

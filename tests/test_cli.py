@@ -26,3 +26,11 @@ def test_unknown_config_keys_are_refused(tmp_path):
     config.write_text(json.dumps({"stepz": 50}), encoding="utf-8")
     with pytest.raises(SystemExit, match="unknown settings"):
         _train_settings(_args(config=str(config)))
+
+
+def test_a_config_names_its_answers_archive_relative_to_itself(tmp_path, monkeypatch):
+    (tmp_path / "recipes").mkdir()
+    config = tmp_path / "recipes" / "run.json"
+    config.write_text(json.dumps({"answers": "run.answers.npz"}), encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    assert _train_settings(_args(config="recipes/run.json"))["answers"] == str(tmp_path / "recipes" / "run.answers.npz")

@@ -107,3 +107,88 @@ def test_a_sample_budget_keeps_a_prefix_of_the_shuffled_order(tmp_path):
     with pytest.raises(ValueError, match="lacks"):
         load_corpus(tmp_path, corpus_order(len(prompts)))
     assert build_corpus(target, prompts, tmp_path, max_new_tokens=4, max_samples=6, progress=False).samples_written == 2
+
+
+def test_features_equal_the_cached_forward_on_every_valid_slot():
+    target = tiny_target(vocab=48)
+    prompts = _prompts(target, count=4)
+    from dspark.decoding import prefill
+
+    _, _, step, lengths, ids = prefill(target, prompts)
+    valid = torch.arange(ids.shape[1])[None] < lengths[:, None]
+    taps, hidden = target.features(ids, valid)
+    for b, n in enumerate(lengths.tolist()):
+        torch.testing.assert_close(taps[b, :n], step.taps[b, :n], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(hidden[b, :n], step.hidden[b, :n], rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="shape"):
+        target.features(ids, valid[:, :-1])
+
+
+def test_a_corpus_rebuilt_from_its_answers_equals_the_answered_one(tmp_path):
+    """Token ids, masks and manifest come back exactly; the features come from one forward over each whole
+    sequence instead of a prefill and decode steps, so they agree to fp32 rounding (the tolerance of the
+    first test)."""
+    import json
+
+    from dspark.corpus import load_answers, rebuild_corpus, save_answers
+
+    target = tiny_target(vocab=48)
+    prompts = _prompts(target, count=7)
+    build_corpus(target, prompts, tmp_path / "answered", max_new_tokens=9, batch_size=3, dtype=torch.float32,
+                 progress=False)
+    archive = save_answers(tmp_path / "answered", tmp_path / "answers.npz")
+    stored = load_answers(archive)
+    assert sorted(stored.keys) == list(range(7))
+    report = rebuild_corpus(target, prompts, archive, tmp_path / "rebuilt", max_new_tokens=9, keys=[0, 1, 2, 5],
+                            batch_size=2, dtype=torch.float32, progress=False)
+    assert report.samples_written == 4
+    assert rebuild_corpus(target, prompts, archive, tmp_path / "rebuilt", max_new_tokens=9, batch_size=2,
+                          dtype=torch.float32, progress=False).samples_written == 3  # resumes: the first four are kept
+    answered, rebuilt = load_corpus(tmp_path / "answered"), load_corpus(tmp_path / "rebuilt")
+    assert report.answer_tokens == sum(int(s.loss_mask.sum()) for s in answered if s.key in (0, 1, 2, 5))
+    features = [OfflineFeatures(tmp_path / d, target.tap_layers, target.hidden_size) for d in ("answered", "rebuilt")]
+    for a, b in zip(answered, rebuilt):
+        assert a.key == b.key and torch.equal(a.token_ids, b.token_ids) and torch.equal(a.loss_mask, b.loss_mask)
+        for got, want in zip(features[1].features(b.key, b), features[0].features(a.key, a)):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    manifests = [json.loads((tmp_path / d / "corpus.json").read_text()) for d in ("answered", "rebuilt")]
+    assert manifests[1]["settings"] == manifests[0]["settings"] and manifests[1]["runs"] == manifests[0]["runs"]
+    assert [r["samples_written"] for r in manifests[1]["rebuilds"]] == [4, 3]
+    # The rebuilt corpus is build_corpus's own: answering again finds nothing left to do.
+    assert build_corpus(target, prompts, tmp_path / "rebuilt", max_new_tokens=9, dtype=torch.float32,
+                        progress=False).samples_written == 0
+
+
+def test_a_rebuild_refuses_other_prompts_or_a_damaged_archive(tmp_path):
+    import numpy as np
+
+    from dspark.corpus import load_answers, rebuild_corpus, save_answers
+
+    target = tiny_target(vocab=48)
+    prompts = _prompts(target, count=4)
+    build_corpus(target, prompts, tmp_path / "answered", max_new_tokens=5, batch_size=2, progress=False)
+    archive = save_answers(tmp_path / "answered", tmp_path / "answers.npz")
+    with pytest.raises(ValueError, match="other settings"):
+        rebuild_corpus(target, prompts[:3], archive, tmp_path / "a", max_new_tokens=5, progress=False)
+    with pytest.raises(ValueError, match="other settings"):
+        rebuild_corpus(target, prompts, archive, tmp_path / "b", max_new_tokens=5, dtype=torch.float32,
+                       progress=False)
+    with pytest.raises(ValueError, match=r"other settings \(differing: \['max_new_tokens'\]\)"):
+        rebuild_corpus(target, prompts, archive, tmp_path / "b", max_new_tokens=6, progress=False)
+    with np.load(archive, allow_pickle=False) as data:
+        arrays = {k: data[k] for k in data.files}
+    arrays["token_ids"] = arrays["token_ids"].copy()
+    arrays["token_ids"][0] = (int(arrays["token_ids"][0]) + 1) % target.vocab_size  # the first prompt's first token
+    np.savez_compressed(tmp_path / "tampered.npz", **arrays)
+    with pytest.raises(ValueError, match="encodes differently"):
+        rebuild_corpus(target, prompts, tmp_path / "tampered.npz", tmp_path / "c", max_new_tokens=5, progress=False)
+    np.savez_compressed(tmp_path / "short.npz", **{**arrays, "offsets": arrays["offsets"][:-1]})
+    with pytest.raises(ValueError, match="disagree"):
+        load_answers(tmp_path / "short.npz")
+    np.savez_compressed(tmp_path / "other.npz", keys=arrays["keys"])
+    with pytest.raises(ValueError, match="not an answers archive"):
+        load_answers(tmp_path / "other.npz")
+    with pytest.raises(ValueError, match="no answers archive"):
+        load_answers(tmp_path / "missing.npz")
+    with pytest.raises(ValueError, match="no corpus"):
+        save_answers(tmp_path / "nowhere", tmp_path / "x.npz")

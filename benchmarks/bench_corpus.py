@@ -1,0 +1,97 @@
+"""Two ways to get the training corpus' features: answer the prompts (a prefill and one decode step per answer
+token, features captured on the way) or rebuild them from stored answers (one forward per batch of whole
+sequences). Both are timed here in one run on the same prompts: the first ``--prompts`` of the recipe's
+shuffled order, with the bf16 target the recipe answers with.
+
+Also reports how far the rebuilt features are from the captured ones (the same target reading the same
+tokens, batched and cached differently: bf16 rounding only) and the size of the answers archive per answer
+token. Writes ``corpus_rebuild_cpu.json``.
+
+    python benchmarks/bench_corpus.py [--prompts 128] [--repeats 2] [--out benchmarks/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.environment import write_result  # noqa: E402
+
+
+def feature_error(first: Path, second: Path, target) -> dict:
+    """Largest and mean absolute difference of the two corpora's features, relative to the features' RMS."""
+    from dspark.corpus import load_corpus
+    from dspark.training import OfflineFeatures
+
+    sources = [OfflineFeatures(d, target.tap_layers, target.hidden_size) for d in (first, second)]
+    largest, total, squares, count = 0.0, 0.0, 0.0, 0
+    for a, b in zip(load_corpus(first), load_corpus(second)):
+        if a.key != b.key or not torch.equal(a.token_ids, b.token_ids):
+            raise RuntimeError(f"sample {a.key}: the two corpora hold different tokens")
+        for x, y in zip(sources[0].features(a.key, a), sources[1].features(b.key, b)):
+            diff = (x.float() - y.float()).abs()
+            largest = max(largest, float(diff.max()))
+            total += float(diff.sum())
+            squares += float(x.float().square().sum())
+            count += x.numel()
+    rms = (squares / count) ** 0.5
+    return {"max_abs_over_rms": largest / rms, "mean_abs_over_rms": total / count / rms, "feature_rms": rms}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--prompts", type=int, default=128)
+    parser.add_argument("--max-new-tokens", type=int, default=192)
+    parser.add_argument("--repeats", type=int, default=2, help="answer / rebuild pairs, interleaved")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    from dspark.corpus import build_corpus, rebuild_corpus, save_answers
+    from dspark.data import load_training_prompts
+    from dspark.target import load_default_target
+
+    prompts = load_training_prompts()
+    target = load_default_target(dtype=torch.bfloat16)
+    runs = []
+    with tempfile.TemporaryDirectory() as scratch:
+        scratch = Path(scratch)
+        for repeat in range(args.repeats):
+            answered, rebuilt = scratch / f"answered-{repeat}", scratch / f"rebuilt-{repeat}"
+            answer = build_corpus(target, prompts, answered, max_new_tokens=args.max_new_tokens,
+                                  max_samples=args.prompts, progress=False)
+            archive = save_answers(answered, scratch / f"answers-{repeat}.npz")
+            rebuild = rebuild_corpus(target, prompts, archive, rebuilt, max_new_tokens=args.max_new_tokens,
+                                     progress=False)
+            if rebuild.answer_tokens != answer.answer_tokens:
+                raise RuntimeError("the rebuilt corpus holds other answers than the answered one")
+            runs.append({"answer_tokens": answer.answer_tokens, "answer_seconds": answer.seconds,
+                         "rebuild_seconds": rebuild.seconds, "archive_bytes": archive.stat().st_size,
+                         "answer_tokens_per_s": answer.tokens_per_second,
+                         "rebuild_tokens_per_s": rebuild.tokens_per_second,
+                         "speedup": answer.seconds / rebuild.seconds})
+            print(f"repeat {repeat}: {answer.answer_tokens} answer tokens; answering {answer.seconds:.1f} s "
+                  f"({answer.tokens_per_second:.0f} tok/s), rebuilding {rebuild.seconds:.1f} s "
+                  f"({rebuild.tokens_per_second:.0f} tok/s): {runs[-1]['speedup']:.1f}x; archive "
+                  f"{runs[-1]['archive_bytes'] / answer.answer_tokens:.2f} bytes per answer token")
+        error = feature_error(scratch / "answered-0", scratch / "rebuilt-0", target)
+    speedup = sum(r["answer_seconds"] for r in runs) / sum(r["rebuild_seconds"] for r in runs)
+    print(f"rebuilding is {speedup:.1f}x faster than answering over all repeats")
+    print(f"rebuilt vs captured features: max |diff| {error['max_abs_over_rms']:.3g}, mean "
+          f"{error['mean_abs_over_rms']:.3g} of their RMS")
+    payload = {"prompts": args.prompts, "max_new_tokens": args.max_new_tokens, "target_dtype": "bfloat16",
+               "threads": torch.get_num_threads(), "runs": runs, "speedup": speedup,
+               "feature_error": error,
+               "note": "answering: prefill, decode steps with feature capture and writes (build_corpus, batch 64); "
+                       "rebuilding: one forward per batch of 32 whole sequences and writes (rebuild_corpus); "
+                       "same prompts, interleaved in one run"}
+    print(write_result("corpus_rebuild_cpu", payload, args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
