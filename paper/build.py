@@ -196,11 +196,10 @@ def eagle3_same_budget(arms: dict) -> bool:
 
 
 def eagle3_budget_sentence(arms: dict) -> str:
-    if eagle3_same_budget(arms):
-        return ("The EAGLE-3-style drafter drafts the full vocabulary and unrolls γ steps, so its training steps "
-                "cost more; it was trained on the same sequences for the same number of steps.")
+    budget = "it was trained on the same sequences for the same number of steps" if eagle3_same_budget(arms) \
+        else "it was given a training time rather than the same steps"
     return ("The EAGLE-3-style drafter drafts the full vocabulary and unrolls γ steps, so its training steps "
-            "cost more; it was given a training time rather than the same steps.")
+            f"cost more; {budget}.")
 
 
 def draft_layers(arguments: dict) -> str:
@@ -375,7 +374,7 @@ def section_training(out: list[str], figures: Path) -> None:
                f"recorded their time; batches of {num(regen['batch_size'], 'd')}, "
                f"prefill and feature writes included, sharing the CPU with other work at times), "
                f"{num(regen['speedup_over_batch1'], '.1f')}× plain batch-1 generation by the same target "
-               f"({num(regen['batch1_generate_tokens_per_s'], '.1f')} tokens/s).")
+               f"({num(regen['batch1_generate_tokens_per_s'], '.1f')} tokens/s)." + rebuild_sentence())
     for name, arm in arms.items():
         vocab = arm.get("vocab") or {}
         seconds = (arm.get("run") or {}).get("seconds", {})
@@ -395,6 +394,11 @@ def section_training(out: list[str], figures: Path) -> None:
                    f"sequences). Wall-clock: {phases} on {cores} (the corpus was built once for all arms)."
                    + recipe_difference(arguments, recipe))
     out.append("")
+    ranked = sorted(((arm["final"]["eval_tau_prob"], name) for name, arm in arms.items()
+                     if "eval_tau_prob" in arm.get("final", {})), reverse=True)
+    if len(ranked) > 1:
+        out.append("At the last evaluation the arms rank " + " > ".join(
+            f"{LABELS.get(name, name)} ({num(tau)})" for tau, name in ranked) + " in held-out τ_prob.\n")
     _figure_curve(arms, figures)
     out.append("![Held-out acceptance against training data](figures/tau_vs_tokens.png)\n")
     out.append("*Figure 2. Held-out τ_prob (the expected accepted length of T = 1 verification, bonus included) "
@@ -402,6 +406,24 @@ def section_training(out: list[str], figures: Path) -> None:
                f"{num(recipe['eval_every'], 'd')} steps. The first point is the untrained drafter; past "
                f"{num(regen['answer_tokens'] / 1e3, '.0f')}k tokens the sequences repeat (a second pass over the "
                "corpus). Each arm's data, steps, wall-clock and threads are listed above.*\n")
+
+
+def rebuild_sentence() -> str:
+    """What keeping the answers instead of the features costs and saves (``corpus_rebuild_cpu.json``), or ""."""
+    result = load("corpus_rebuild_cpu")
+    if result is None:
+        return ""
+    runs = result["runs"]
+    tokens = sum(r["answer_tokens"] for r in runs)
+    per_token = sum(r["archive_bytes"] for r in runs) / tokens
+    return (f" The answers are committed without their features ({num(per_token, '.2f')} bytes per answer token, "
+            "`benchmarks/recipes/smollm2_drafter.answers.npz`), and the recipe rebuilds the features from them "
+            "with one forward per batch of whole sequences: "
+            f"{num(tokens / sum(r['rebuild_seconds'] for r in runs), '.0f')} answer tokens/s against "
+            f"{num(tokens / sum(r['answer_seconds'] for r in runs), '.0f')} for answering the same "
+            f"{num(result['prompts'], 'd')} prompts in the same run ({num(result['speedup'], '.1f')}×, "
+            "`benchmarks/bench_corpus.py`); the rebuilt features differ from the captured ones by "
+            f"{num(result['feature_error']['mean_abs_over_rms'], '.1e')} of their RMS on average (bf16 rounding).")
 
 
 def _figure_curve(arms: dict, figures: Path) -> None:
