@@ -79,6 +79,7 @@ TRAINING = ["dspark/training.py", "dspark/corpus.py", "dspark/loss.py", "dspark/
 SOURCES = {
     "acceptance_cpu": LIBRARY + ["benchmarks/bench_acceptance.py"],
     "training_recipe": TRAINING + ["benchmarks/bench_recipe.py"],
+    "corpus_rebuild_cpu": ["dspark/corpus.py", "dspark/target.py", "dspark/data.py", "benchmarks/bench_corpus.py"],
     "sweeps": TRAINING + ["benchmarks/bench_sweeps.py"],
     "calibration_cpu": LIBRARY + ["benchmarks/bench_calibration.py"],
     "scheduler": ["dspark/scheduler.py", "reference/scheduler.py", "kernels/scheduler.py",
