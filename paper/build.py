@@ -424,7 +424,8 @@ def rebuild_sentence() -> str:
             f"{num(tokens / sum(r['answer_seconds'] for r in runs), '.0f')} for answering the same "
             f"{num(result['prompts'], 'd')} prompts in the same run ({num(result['speedup'], '.1f')}×, "
             "`benchmarks/bench_corpus.py`); the rebuilt features differ from the captured ones by "
-            f"{num(result['feature_error']['mean_abs_over_rms'], '.1e')} of their RMS on average (bf16 rounding).")
+            f"{num(100 * result['feature_error']['mean_abs_over_rms'], '.2f')}% of their RMS on average "
+            "(bf16 rounding).")
 
 
 def _figure_curve(arms: dict, figures: Path) -> None:
