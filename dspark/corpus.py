@@ -15,8 +15,8 @@ kept, so no second forward over the answers is needed.
   (``hidden_states [S, taps + 1, H]`` in bf16, ``token_ids``, ``loss_mask``), written atomically; a rerun
   skips every sample already on disk, so the corpus resumes after an interruption.
 * :func:`save_answers` keeps a corpus without its features (token ids only: a few MB, small enough to commit)
-  and :func:`rebuild_corpus` turns that back into the corpus with one batched forward per batch, several
-  times faster than answering again.
+  and :func:`rebuild_corpus` turns that back into the corpus with one forward per batch of whole sequences,
+  about 4× faster than answering again on a 2-core CPU.
 * ``max_bytes`` bounds the cache on disk: regeneration stops, and says so, after the batch that reaches it;
   ``max_samples`` answers only a prefix of the shuffled order (a budget a later call can extend).
 """
@@ -341,10 +341,9 @@ def rebuild_corpus(target, prompts: list[str] | list[list[int]], answers: str | 
 
     ``target``, ``prompts`` and the settings must be those the corpus was answered with (the settings
     :func:`build_corpus` records are compared, and every prompt is re-encoded and compared with the stored one),
-    so the result is
-    the corpus :func:`build_corpus` would write, with features from one forward over each whole sequence
-    instead of a prefill and one decode step per answer token (the same features up to rounding). ``keys``
-    keeps only those prompt indices. Resumable: samples on disk are kept. The manifest keeps the answering
+    so the result is the corpus :func:`build_corpus` would write, with features from one forward over each
+    whole sequence instead of a prefill and one decode step per answer token (the same features up to
+    rounding). ``keys`` keeps only those prompt indices. Resumable: samples on disk are kept. The manifest keeps the answering
     runs' record and adds this rebuild to its ``rebuilds``. Returns the answer tokens rebuilt and the time.
     """
     if batch_size < 1:
