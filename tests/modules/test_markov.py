@@ -104,7 +104,9 @@ def test_markov_head_module_names_and_forward():
     bias = head(torch.zeros(2, 4, dtype=torch.long), torch.zeros(2, 4, 5))
     assert bias.shape == (2, 4, 7)
     single, _ = markov_step(head.weights(), torch.zeros(2, dtype=torch.long), torch.zeros(2, 5), None)
-    assert_close(bias[:, 0], single, rtol=0, atol=0)
+    # Same math, GEMMs of 8 rows against 2: fp32 BLAS may block them differently (seen: 1.5e-8 apart on
+    # values near 0.14), so a few ulps are allowed, far below any error in the head's logic.
+    assert_close(bias[:, 0], single, rtol=1e-6, atol=1e-7)
 
 
 def _sample_inputs(vocab=9, gamma=3, requests=2):
