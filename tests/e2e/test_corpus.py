@@ -146,6 +146,7 @@ def test_a_corpus_rebuilt_from_its_answers_equals_the_answered_one(tmp_path):
                           dtype=torch.float32, progress=False).samples_written == 3  # resumes: the first four are kept
     answered, rebuilt = load_corpus(tmp_path / "answered"), load_corpus(tmp_path / "rebuilt")
     assert report.answer_tokens == sum(int(s.loss_mask.sum()) for s in answered if s.key in (0, 1, 2, 5))
+    assert stored.answer_tokens == sum(int(s.loss_mask.sum()) for s in answered)
     features = [OfflineFeatures(tmp_path / d, target.tap_layers, target.hidden_size) for d in ("answered", "rebuilt")]
     for a, b in zip(answered, rebuilt):
         assert a.key == b.key and torch.equal(a.token_ids, b.token_ids) and torch.equal(a.loss_mask, b.loss_mask)
