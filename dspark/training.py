@@ -20,6 +20,7 @@ sequence, and whether the run was resumed, never changes the anchors.
 from __future__ import annotations
 
 import ctypes
+import datetime
 import json
 import math
 import os
@@ -670,12 +671,12 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     if drafter.reduced_vocab:
         from dspark.vocab import build_draft_vocab, token_counts
 
-        answers = [s.token_ids[s.loss_mask] for s in train]
-        mapping = build_draft_vocab(token_counts(answers, target.vocab_size), vocab_size,
+        train_answers = [s.token_ids[s.loss_mask] for s in train]
+        mapping = build_draft_vocab(token_counts(train_answers, target.vocab_size), vocab_size,
                                     always=[target.eos_token_id])
         drafter.set_draft_vocab(mapping)
         vocab_report = {"draft_vocab_size": vocab_size,
-                        "train_coverage": _coverage(answers, mapping, target.vocab_size),
+                        "train_coverage": _coverage(train_answers, mapping, target.vocab_size),
                         "held_out_coverage": _coverage([s.token_ids[s.loss_mask] for s in evaluation], mapping,
                                                        target.vocab_size)}
     drafter.load_target_embeddings(target.embed_weight(), target.lm_head_weight())
@@ -716,6 +717,8 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
                                                progress=progress)
         clock["calibrate"] = time.perf_counter() - t0
     metadata["run"]["seconds"] = {k: round(v, 1) for k, v in clock.items()}
+    # Results measured before this moment used an earlier drafter; a copied or checked-out file's mtime cannot say.
+    metadata["trained_at"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     return save_drafter(trainer.drafter, output_dir, dtype=torch.bfloat16, metadata=metadata)
 
 

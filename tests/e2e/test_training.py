@@ -1,5 +1,9 @@
 """Training: anchors and labels as method.md §3, bit-exact resume, 2 ranks == 1 rank, offline == online."""
 
+import datetime
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -177,3 +181,24 @@ def test_sts_calibration_after_training_sets_temperatures():
     # STS minimises the ECE it is fitted on: never worse there, position by position.
     for before, after in zip(report["before"]["ece"], report["after"]["ece"]):
         assert after <= before + 1e-12 or before != before
+
+
+def test_the_recipe_at_toy_size_writes_a_drafter_that_records_its_run(real_target, tmp_path):
+    """``train_default_drafter`` end to end, as the committed recipe runs it (features rebuilt from the committed
+    answers, a reduced draft vocabulary) but with six sequences and two steps: the drafter loads, and its
+    metadata holds the arguments, the timed phases and when it was trained."""
+    from dspark.checkpoint import load_drafter
+    from dspark.training import train_default_drafter
+
+    answers = Path(__file__).resolve().parents[2] / "benchmarks" / "recipes" / "smollm2_drafter.answers.npz"
+    path = train_default_drafter(tmp_path / "drafter", corpus_samples=6, steps=2, num_draft_layers=1,
+                                 draft_vocab_size=256, held_out=2, eval_every=2, sequences_per_step=2,
+                                 num_anchors=4, answers=answers, work_dir=tmp_path / "work", calibrate=False,
+                                 progress=False)
+    meta = json.loads((path / "config.json").read_text(encoding="utf-8"))["metadata"]
+    assert meta["run"]["arguments"]["answers"] == answers.name
+    assert (meta["steps"], meta["train_sequences"], meta["held_out_sequences"]) == (2, 4, 2)
+    assert meta["vocab"]["draft_vocab_size"] == 256 and 0 < meta["vocab"]["train_coverage"] <= 1
+    assert set(meta["run"]["seconds"]) == {"corpus", "vocab", "train"}
+    assert datetime.datetime.fromisoformat(meta["trained_at"]).tzinfo is not None
+    assert load_drafter(path, real_target).config.draft_vocab_size == 256
