@@ -2,9 +2,9 @@
 per phase and its held-out τ_prob against the answer tokens it had seen.
 
 Reads what ``python -m dspark train --config benchmarks/recipes/smollm2_drafter.json`` (and ``--objective
-dflash`` / ``eagle3``) wrote: the drafters in the dspark cache, whose metadata holds the run, and the
-corpus's ``corpus.json``. Regeneration speed is compared with plain batch-1 generation by the same bf16
-target on a few held-out prompts, measured here in one run. Writes ``training_recipe.json``.
+dflash`` / ``eagle3``) wrote: the trained drafters (``benchmarks.trained``: cached, else committed), whose
+metadata holds the run, and the corpus's ``corpus.json``. Regeneration speed is compared with plain batch-1
+generation by the same bf16 target on a few held-out prompts, measured here in one run. Writes ``training_recipe.json``.
 
     python benchmarks/bench_recipe.py [--out benchmarks/results]
 """
@@ -12,7 +12,6 @@ target on a few held-out prompts, measured here in one run. Writes ``training_re
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import sys
 from pathlib import Path
@@ -22,6 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.environment import write_result  # noqa: E402
+from benchmarks.trained import trained_at, trained_drafters  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -30,7 +30,6 @@ def main(argv=None) -> int:
     parser.add_argument("--batch1-prompts", type=int, default=3)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    from dspark.checkpoint import default_drafter_dir
     from dspark.corpus import load_corpus
     from dspark.data import load_prompt_mix
     from dspark.decoding import SamplingConfig, generate
@@ -38,18 +37,16 @@ def main(argv=None) -> int:
 
     recipe = json.loads(args.recipe.read_text(encoding="utf-8"))
     arms = {}
-    for objective in ("dspark", "dflash", "eagle3"):
-        path = default_drafter_dir().with_name(f"smollm2-135m-instruct-{objective}") / "config.json"
-        if path.exists():
-            meta = json.loads(path.read_text(encoding="utf-8"))["metadata"]
-            arms[objective] = {k: meta.get(k) for k in ("steps", "train_sequences", "held_out_sequences",
-                                                         "train_answer_tokens", "vocab", "curve", "final", "sts")}
-            arms[objective]["run"] = meta.get("run")
-            # When training wrote the drafter: results measured before it used an earlier drafter.
-            written = datetime.datetime.fromtimestamp(path.stat().st_mtime, datetime.timezone.utc)
-            arms[objective]["written_at"] = written.isoformat(timespec="seconds")
+    for objective, directory in trained_drafters().items():
+        meta = json.loads((directory / "config.json").read_text(encoding="utf-8"))["metadata"]
+        arms[objective] = {k: meta.get(k) for k in ("steps", "train_sequences", "held_out_sequences",
+                                                     "train_answer_tokens", "vocab", "curve", "final", "sts")}
+        arms[objective]["run"] = meta.get("run")
+        arms[objective]["directory"] = str(directory)
+        # Results measured before this used an earlier drafter.
+        arms[objective]["written_at"] = trained_at(directory)
     if not arms:
-        raise SystemExit("no trained drafters in the cache: run `python -m dspark train --config ...` first")
+        raise SystemExit("no trained drafters: run `python -m dspark train --config ...` first")
     corpus_dir = cache_root() / "training" / f"corpus-bf16-{recipe.get('max_new_tokens', 192)}"
     corpus = json.loads((corpus_dir / "corpus.json").read_text(encoding="utf-8"))
     runs = corpus["runs"]

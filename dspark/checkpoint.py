@@ -107,11 +107,15 @@ def default_drafter_dir() -> Path:
     return cache_root() / "drafters" / "smollm2-135m-instruct-dspark"
 
 
+def shipped_drafter_dir() -> Path:
+    """The DSpark drafter for the default target that the package ships (trained by the committed recipe)."""
+    return Path(__file__).resolve().parent / "assets" / "smollm2-135m-instruct-dspark"
+
+
 def find_default_drafter(target) -> DSparkDrafter | None:
     """The trained DSpark drafter for the default target: one that ``python -m dspark train`` wrote to the
     cache (:func:`default_drafter_dir`) wins over the one the package ships; ``None`` if neither exists."""
-    shipped = Path(__file__).resolve().parent / "assets" / "smollm2-135m-instruct-dspark"
-    for directory in (default_drafter_dir(), shipped):
+    for directory in (default_drafter_dir(), shipped_drafter_dir()):
         if (directory / "model.safetensors").exists():
             return load_drafter(directory, target)
     return None

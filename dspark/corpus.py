@@ -343,8 +343,9 @@ def rebuild_corpus(target, prompts: list[str] | list[list[int]], answers: str | 
     :func:`build_corpus` records are compared, and every prompt is re-encoded and compared with the stored one),
     so the result is the corpus :func:`build_corpus` would write, with features from one forward over each
     whole sequence instead of a prefill and one decode step per answer token (the same features up to
-    rounding). ``keys`` keeps only those prompt indices. Resumable: samples on disk are kept. The manifest keeps the answering
-    runs' record and adds this rebuild to its ``rebuilds``. Returns the answer tokens rebuilt and the time.
+    rounding). ``keys`` keeps only those prompt indices. Resumable: samples on disk are kept. The manifest
+    keeps the answering runs' record and adds this rebuild to its ``rebuilds``. Returns the answer tokens
+    rebuilt and the time.
     """
     if batch_size < 1:
         raise ValueError("batch_size must be positive")

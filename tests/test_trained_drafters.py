@@ -1,0 +1,43 @@
+"""benchmarks.trained: a drafter in the cache wins over the committed one, and when it was trained is never
+guessed from a checked-out file's mtime."""
+
+import json
+import os
+
+import pytest
+
+from benchmarks.trained import COMMITTED, OBJECTIVES, candidates, trained_at, trained_drafters
+from dspark.checkpoint import shipped_drafter_dir
+
+
+def _drafter(directory, metadata):
+    directory.mkdir(parents=True)
+    (directory / "config.json").write_text(json.dumps({"metadata": metadata}), encoding="utf-8")
+    (directory / "model.safetensors").write_bytes(b"")
+    return directory
+
+
+def test_the_cache_wins_and_every_objective_falls_back_to_a_committed_drafter(tmp_path, monkeypatch):
+    monkeypatch.setenv("DSPARK_CACHE", str(tmp_path))
+    assert candidates("dspark")[1] == shipped_drafter_dir()
+    assert candidates("dflash")[1] == COMMITTED / "smollm2-135m-instruct-dflash"
+    committed = trained_drafters()
+    cached = _drafter(tmp_path / "drafters" / "smollm2-135m-instruct-dflash", {})
+    assert trained_drafters() == {**committed, "dflash": cached}
+    assert set(committed) <= set(OBJECTIVES) and committed["dspark"] == shipped_drafter_dir()
+
+
+def test_unknown_objective_is_refused():
+    with pytest.raises(ValueError, match="unknown objective"):
+        candidates("medusa")
+
+
+def test_trained_at_is_recorded_or_the_cache_mtime_never_a_checkout_mtime(tmp_path, monkeypatch):
+    monkeypatch.setenv("DSPARK_CACHE", str(tmp_path / "cache"))
+    recorded = _drafter(tmp_path / "elsewhere" / "a", {"trained_at": "2026-01-02T03:04:05+00:00"})
+    assert trained_at(recorded) == "2026-01-02T03:04:05+00:00"
+    assert trained_at(_drafter(tmp_path / "elsewhere" / "b", {})) is None
+    cached = _drafter(tmp_path / "cache" / "drafters" / "c", {})
+    os.utime(cached / "config.json", (0, 86400))
+    assert trained_at(cached) == "1970-01-02T00:00:00+00:00"
+    assert trained_at(shipped_drafter_dir()) is not None
