@@ -54,6 +54,8 @@ def main(argv=None) -> int:
                                               scheduler=FixedLength(drafter.config.block_size))
                 row = {"drafter": name, "temperature": temperature, "domain": domain,
                        "prompts": len(prompts[domain]), **result.stats.as_dict(),
+                       "per_prompt": {"committed": [len(t) - 1 for t in result.tokens],
+                                      "rounds": result.request_rounds},
                        "tokens_per_second": result.tokens_per_second}
                 rows.append(row)
                 print(f"{name:7s} T={temperature:g} {domain:5s} tau={row['tau']:.3f} "

@@ -59,6 +59,9 @@ class GenerationResult:
     roll-back and the drafter's cache update) and ``bookkeeping`` (statistics, outputs, finished requests)
     for speculative decoding. ``rounds_without_drafts`` counts the speculative rounds in which the scheduler could
     not have sent any draft, so the drafter was not run and the round was a plain target step.
+    ``request_rounds[i]`` counts the speculative rounds request ``i`` took part in; every token of it but the
+    first (sampled after the prefill) was committed by one of them, so :attr:`request_tau` is its own τ, the
+    unit that comparisons paired over the same prompts resample.
     """
 
     tokens: list[list[int]]
@@ -67,6 +70,7 @@ class GenerationResult:
     timings: dict[str, float] = field(default_factory=dict)
     steps: int = 0
     rounds_without_drafts: int = 0
+    request_rounds: list[int] = field(default_factory=list)
 
     @property
     def new_tokens(self) -> int:
@@ -75,6 +79,11 @@ class GenerationResult:
     @property
     def tokens_per_second(self) -> float:
         return self.new_tokens / self.seconds if self.seconds > 0 else float("nan")
+
+    @property
+    def request_tau(self) -> list[float]:
+        """τ of each request: tokens committed by its rounds over its rounds (NaN if it took part in none)."""
+        return [(len(t) - 1) / n if n else float("nan") for t, n in zip(self.tokens, self.request_rounds)]
 
     def table(self) -> str:
         """τ, acceptance by position (conditional and unconditional), tokens/s and the time split."""
@@ -313,6 +322,7 @@ class SpeculativeDecoder:
         self.anchor = sample(logits, self.config, self.generator).to(self.device)
         self.outputs = _Outputs(len(prompts), self.config.max_new_tokens, self.eos)
         self.active = torch.arange(len(prompts))
+        self.request_rounds = torch.zeros(len(prompts), dtype=torch.long)
         self.outputs.append(self.active, self.anchor[:, None], torch.ones(len(prompts), dtype=torch.long))
         self.timings["prefill"] = time.perf_counter() - t0
         self._drop_finished()
@@ -394,6 +404,7 @@ class SpeculativeDecoder:
             verified = torch.where(result.num_committed == result.num_accepted, result.num_accepted, verify_len)
             self.rounds.append((draft.confidence_logits.cpu(), verified.cpu(), result.num_accepted.cpu()))
         self.outputs.append(self.active, result.committed, result.num_committed)
+        self.request_rounds[self.active] += 1
         counts = result.num_committed.tolist()
         # After an accepted EOS there is no next token; the request is dropped before it is read.
         self.anchor = result.next_token.clamp(min=0)
@@ -418,7 +429,7 @@ class SpeculativeDecoder:
         if bar:
             bar.close()
         return GenerationResult(self.outputs.lists(), time.perf_counter() - t0, self.stats, self.timings, self.steps,
-                                self.rounds_without_drafts)
+                                self.rounds_without_drafts, self.request_rounds.tolist())
 
 
 def speculative_generate(target, drafter, prompts: list[list[int]], config: SamplingConfig | None = None, *,

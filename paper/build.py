@@ -16,6 +16,8 @@ import math
 import sys
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 PAPER = Path(__file__).resolve().parent
@@ -294,6 +296,13 @@ def section_acceptance(out: list[str], figures: Path) -> None:
     if order:
         out.append(f"At T = 1 the order by mean τ over the three domains is {order} (the paper: DSpark > DFlash > "
                    "EAGLE-3 on Qwen3 targets).\n")
+    gaps = {d: _paired_gap(rows, "dspark", "dflash", 0.0, d) for d in DOMAINS}
+    if all(gaps.values()):
+        cells = "; ".join(f"{d} {num(g[0], '+.3f')} [{num(g[1], '+.3f')}, {num(g[2], '+.3f')}]"
+                          for d, g in gaps.items())
+        out.append(f"DSpark's τ minus DFlash's at T = 0, paired over the same prompts (their greedy outputs are the "
+                   f"target's, so only acceptance differs), with a 95% bootstrap interval over prompts: {cells}. "
+                   "An interval that contains 0 means these prompts cannot tell the two drafters apart.\n")
     _figure_acceptance(rows, figures)
     out.append("![Conditional acceptance by position](figures/acceptance_by_position.png)\n")
     out.append("*Figure 1 (the paper's Fig. 2). Conditional acceptance of slot k given slots 1..k−1 were accepted, "
@@ -310,6 +319,28 @@ def _ranking(rows: list[dict], temperature: float) -> str:
             means[name] = sum(taus) / len(taus)
     ranked = sorted(means, key=means.get, reverse=True)
     return " > ".join(f"{LABELS.get(n, n)} ({num(means[n])})" for n in ranked)
+
+
+def _paired_gap(rows: list[dict], a: str, b: str, temperature: float, domain: str, draws: int = 10_000,
+                seed: int = 0) -> tuple[float, float, float] | None:
+    """τ of drafter ``a`` minus drafter ``b`` on one domain, with the 95% percentile interval of a bootstrap that
+    resamples prompts (the same resample for both drafters); None without per-prompt counts for both."""
+    def counts(name):
+        for r in rows:
+            if (r["drafter"], r["temperature"], r["domain"]) == (name, temperature, domain) and "per_prompt" in r:
+                return np.array(r["per_prompt"]["committed"]), np.array(r["per_prompt"]["rounds"])
+        return None
+
+    first, second = counts(a), counts(b)
+    if first is None or second is None or len(first[0]) != len(second[0]):
+        return None
+    def gap(prompts):  # τ is committed tokens over rounds, summed over the prompts drawn
+        return (first[0][prompts].sum(-1) / first[1][prompts].sum(-1)
+                - second[0][prompts].sum(-1) / second[1][prompts].sum(-1))
+
+    picks = np.random.default_rng(seed).integers(len(first[0]), size=(draws, len(first[0])))
+    low, high = np.percentile(gap(picks), [2.5, 97.5])
+    return float(gap(np.arange(len(first[0])))), float(low), float(high)
 
 
 def _wilson(successes: int | None, trials: int | None, z: float = 1.96) -> tuple[float, float] | None:

@@ -52,3 +52,20 @@ def test_every_section_with_results_cites_their_commits(tmp_path, monkeypatch):
     for section in sections:
         if "Measured on" in section or "measured on" in section:
             assert "*Provenance (paper built at " in section, section.splitlines()[0]
+
+
+def _acceptance_row(drafter, committed, rounds, domain="math"):
+    return {"drafter": drafter, "temperature": 0.0, "domain": domain,
+            "per_prompt": {"committed": committed, "rounds": rounds}}
+
+
+def test_the_paired_gap_resamples_prompts_for_both_drafters_at_once():
+    rows = [_acceptance_row("dspark", [30, 20, 10], [10, 10, 10]),
+            _acceptance_row("dflash", [20, 20, 20], [10, 10, 10])]
+    gap, low, high = builder._paired_gap(rows, "dspark", "dflash", 0.0, "math")
+    assert gap == pytest.approx(0.0) and low < 0 < high
+    # One drafter better on every prompt by the same margin: every resample sees exactly that margin.
+    rows[1] = _acceptance_row("dflash", [25, 15, 5], [10, 10, 10])
+    assert builder._paired_gap(rows, "dspark", "dflash", 0.0, "math") == pytest.approx((0.5, 0.5, 0.5))
+    assert builder._paired_gap(rows, "dspark", "dflash", 0.0, "code") is None
+    assert builder._paired_gap(rows[:1], "dspark", "dflash", 0.0, "math") is None

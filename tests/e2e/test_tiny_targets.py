@@ -29,6 +29,19 @@ def test_greedy_speculative_equals_greedy_target(architecture):
         assert single == plain, f"{policy.name}, batch 1"
 
 
+def test_each_request_counts_its_own_rounds():
+    """Per-request rounds add up to the batch's, and a request's τ is its committed tokens over its rounds."""
+    target = tiny_target("llama")
+    drafter = drafter_for(target)
+    config = SamplingConfig(max_new_tokens=24, temperature=0.0)
+    result = speculative_generate(target, drafter, PROMPTS, config, scheduler=FixedLength(4))
+    assert sum(result.request_rounds) == result.stats.rounds
+    assert sum(len(t) - 1 for t in result.tokens) == result.stats.committed
+    assert max(result.request_rounds) == result.steps
+    single = speculative_generate(target, drafter, [PROMPTS[1]], config, scheduler=FixedLength(4))
+    assert single.request_rounds == [single.steps] and single.request_tau == [single.stats.tau]
+
+
 def test_rounds_no_draft_could_pay_for_skip_the_drafter(monkeypatch):
     """A profile where every token added to the pass costs more than the pass's average token: Algorithm 1 could
     send no draft even at confidence 1, so the loop runs plain target steps without drafting, and the output is
