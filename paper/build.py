@@ -199,10 +199,13 @@ def eagle3_same_budget(arms: dict) -> bool:
 
 
 def eagle3_budget_sentence(arms: dict) -> str:
+    """How the EAGLE-3-style arm's training budget compares with DSpark's, followed by a space; empty without it."""
+    if "eagle3" not in arms:
+        return ""
     budget = "it was trained on the same sequences for the same number of steps" if eagle3_same_budget(arms) \
         else "it was given a training time rather than the same steps"
     return ("The EAGLE-3-style drafter drafts the full vocabulary and unrolls γ steps, so its training steps "
-            f"cost more; {budget}.")
+            f"cost more; {budget}. ")
 
 
 def draft_layers(arguments: dict) -> str:
@@ -268,7 +271,7 @@ def section_acceptance(out: list[str], figures: Path) -> None:
                f"turns, none in the training pool), {num(result['max_new_tokens'], 'd')} new tokens, every drafted "
                "slot verified (no scheduler); τ counts the bonus token. The drafters were trained by the recipe of §2 "
                "on target-answered ShareGPT sequences with γ = 7; each one's layers, steps and data are listed "
-               f"below the table. {eagle3_budget_sentence(result.get('drafter_metadata', {}))} "
+               f"below the table. {eagle3_budget_sentence(result.get('drafter_metadata', {}))}"
                f"Measured on {machine(result)}.\n")
     out.append("| drafter | T | math τ | code τ | chat τ | paper (Qwen3-4B, T = 1): GSM8K / HumanEval / MT-Bench |")
     out.append("|---|---|---|---|---|---|")
@@ -282,6 +285,7 @@ def section_acceptance(out: list[str], figures: Path) -> None:
     out.append("")
     meta = result.get("drafter_metadata", {})
     recipe = committed_recipe()
+    recorded = (load("training_recipe", cited=False) or {}).get("arms", {})
     for name in drafters:
         final = meta.get(name, {}).get("final", {})
         if final:
@@ -290,18 +294,19 @@ def section_acceptance(out: list[str], figures: Path) -> None:
                        f"{num(meta[name].get('steps'), 'd')} steps on "
                        f"{num(meta[name].get('train_sequences'), 'd')} sequences; held-out τ_prob "
                        f"{num(final.get('eval_tau_prob', float('nan')))} at the last evaluation."
-                       + recipe_difference(arguments, recipe))
+                       + recipe_difference(arguments, recipe) + _other_run(name, final, recorded))
     out.append("")
     order = _ranking(rows, 1.0)
     if order:
         out.append(f"At T = 1 the order by mean τ over the three domains is {order} (the paper: DSpark > DFlash > "
                    "EAGLE-3 on Qwen3 targets).\n")
-    gaps = {d: _paired_gap(rows, "dspark", "dflash", 0.0, d) for d in DOMAINS}
-    if all(gaps.values()):
-        cells = "; ".join(f"{d} {num(g[0], '+.3f')} [{num(g[1], '+.3f')}, {num(g[2], '+.3f')}]"
-                          for d, g in gaps.items())
-        out.append(f"DSpark's τ minus DFlash's at T = 0, paired over the same prompts (their greedy outputs are the "
-                   f"target's, so only acceptance differs), with a 95% bootstrap interval over prompts: {cells}. "
+    gaps = {t: {d: _paired_gap(rows, "dspark", "dflash", t, d) for d in DOMAINS} for t in (0.0, 1.0)}
+    if all(g for by_domain in gaps.values() for g in by_domain.values()):
+        cells = {t: "; ".join(f"{d} {num(g[0], '+.3f')} [{num(g[1], '+.3f')}, {num(g[2], '+.3f')}]"
+                              for d, g in by_domain.items()) for t, by_domain in gaps.items()}
+        out.append("DSpark's τ minus DFlash's, paired over the same prompts, with a 95% bootstrap interval that "
+                   f"resamples prompts: at T = 0 {cells[0.0]}; at T = 1 {cells[1.0]}. At T = 0 both decode the "
+                   "target's greedy output, so only acceptance differs; at T = 1 the sampled outputs differ too. "
                    "An interval that contains 0 means these prompts cannot tell the two drafters apart.\n")
     _figure_acceptance(rows, figures)
     out.append("![Conditional acceptance by position](figures/acceptance_by_position.png)\n")
@@ -309,6 +314,14 @@ def section_acceptance(out: list[str], figures: Path) -> None:
                "per domain, at T = 1 (solid) and T = 0 (dashed). Points past slot 2 rest on few rounds. The paper "
                f"reports {quote(0.88)} vs {quote(0.81)} at slot 1 on math for DFlash vs EAGLE-3, "
                f"{quote(0.72)} vs {quote(0.53)} on chat, and DSpark starting at {quote(0.93)} on math.*\n")
+
+
+def _other_run(name: str, final: dict, recorded: dict) -> str:
+    """A note when §2 records a different training run of drafter ``name`` than the one decoded here."""
+    if name not in recorded or (recorded[name].get("final") or {}).get("eval_tau_prob") == final.get("eval_tau_prob"):
+        return ""
+    return (" §2 records another run of its recipe (held-out τ_prob "
+            f"{num(recorded[name]['final']['eval_tau_prob'])}); the one decoded here is the one committed.")
 
 
 def _ranking(rows: list[dict], temperature: float) -> str:
@@ -1091,7 +1104,7 @@ def section_limits(out: list[str]) -> None:
                    "while it sends nothing"
                    + _backoff_clause() + ".")
     recipe = load("training_recipe", cited=False)
-    out.append(f"- {eagle3_budget_sentence(recipe['arms'] if recipe else {})} §2 lists the data and recipe each arm "
+    out.append(f"- {eagle3_budget_sentence(recipe['arms'] if recipe else {})}§2 lists the data and recipe each arm "
                "was actually trained with.")
     shipped = drafter_date()
     stale = [what for what, name in (("the sweeps (§3)", "sweeps"), ("calibration (§4)", "calibration_cpu"),
