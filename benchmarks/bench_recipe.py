@@ -59,6 +59,8 @@ def main(argv=None) -> int:
     target = load_default_target(dtype=torch.bfloat16)
     prompts = [target.encode_chat(p.text) for p in load_prompt_mix(1)[: args.batch1_prompts]]
     config = SamplingConfig(max_new_tokens=64, temperature=0.0)
+    # The first call pays one-time allocation and dispatch costs that the long regeneration runs amortise.
+    generate(target, prompts[:1], SamplingConfig(max_new_tokens=8, temperature=0.0))
     plain = [generate(target, [p], config) for p in prompts]
     batch1 = sum(r.new_tokens for r in plain) / sum(r.seconds for r in plain)
     regeneration = {"answer_tokens": corpus_tokens, "samples": len(samples), "timed_answer_tokens": answered,
