@@ -69,3 +69,15 @@ def test_the_paired_gap_resamples_prompts_for_both_drafters_at_once():
     assert builder._paired_gap(rows, "dspark", "dflash", 0.0, "math") == pytest.approx((0.5, 0.5, 0.5))
     assert builder._paired_gap(rows, "dspark", "dflash", 0.0, "code") is None
     assert builder._paired_gap(rows[:1], "dspark", "dflash", 0.0, "math") is None
+
+
+def test_the_eagle3_budget_sentence_says_what_differs_from_dspark():
+    dspark = {"steps": 2000, "train_sequences": 7638, "train_answer_tokens": 1229250}
+    assert builder.eagle3_budget_sentence({"dspark": dspark}) == ""
+    same = builder.eagle3_budget_sentence({"dspark": dspark, "eagle3": dict(dspark)})
+    assert "same number of steps" in same and "answer tokens" not in same
+    regenerated = builder.eagle3_budget_sentence({"dspark": dspark,
+                                                  "eagle3": {**dspark, "train_answer_tokens": 1229327}})
+    assert "1229327 answer tokens against DSpark's 1229250" in regenerated
+    timed = builder.eagle3_budget_sentence({"dspark": dspark, "eagle3": {**dspark, "steps": 900}})
+    assert "training time" in timed
