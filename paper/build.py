@@ -419,7 +419,8 @@ def section_training(out: list[str], figures: Path) -> None:
                f"recorded their time; batches of {num(regen['batch_size'], 'd')}, "
                f"prefill and feature writes included, sharing the CPU with other work at times), "
                f"{num(regen['speedup_over_batch1'], '.1f')}× plain batch-1 generation by the same target "
-               f"({num(regen['batch1_generate_tokens_per_s'], '.1f')} tokens/s)." + rebuild_sentence())
+               f"({num(regen['batch1_generate_tokens_per_s'], '.1f')} tokens/s, measured when this record was "
+               "collected, not beside the regeneration)." + rebuild_sentence())
     for name, arm in arms.items():
         vocab = arm.get("vocab") or {}
         seconds = (arm.get("run") or {}).get("seconds", {})
@@ -427,16 +428,17 @@ def section_training(out: list[str], figures: Path) -> None:
                     f"{num(100 * vocab['train_coverage'], '.2f')}% of the training answers and "
                     f"{num(100 * vocab['held_out_coverage'], '.2f')}% of the held-out ones; ") if vocab else \
             "full vocabulary; "
-        # The corpus phase of each arm only found the shared corpus on disk; its building time is under Data.
+        # The corpus phase of each arm only found a corpus on disk; building one is timed under Data.
         phases = ", ".join(f"{k} {num(seconds[k] / 60, '.1f')} min" for k in ("train", "calibrate") if k in seconds)
         arguments = (arm.get("run") or {}).get("arguments", {})
         # Runs from before the thread count was recorded ran one per core, side by side.
         threads = (arm.get("run") or {}).get("threads", 1)
         cores = "one CPU core" if threads == 1 else f"{num(threads, 'd')} threads"
         out.append(f"- **{LABELS.get(name, name)}.** {draft_layers(arguments)}, "
-                   f"{num(arm['steps'], 'd')} steps on {num(arm['train_sequences'], 'd')} sequences ({coverage}"
+                   f"{num(arm['steps'], 'd')} steps on {num(arm['train_sequences'], 'd')} sequences "
+                   f"({num(arm['train_answer_tokens'], 'd')} answer tokens; {coverage}"
                    f"held-out τ_prob {num(arm['final']['eval_tau_prob'])} on {num(arm['held_out_sequences'], 'd')} "
-                   f"sequences). Wall-clock: {phases} on {cores} (the corpus was built once for all arms)."
+                   f"sequences). Wall-clock: {phases} on {cores}, building the corpus not included."
                    + recipe_difference(arguments, recipe))
     out.append("")
     ranked = sorted(((arm["final"]["eval_tau_prob"], name) for name, arm in arms.items()
