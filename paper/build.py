@@ -202,8 +202,7 @@ def eagle3_budget_sentence(arms: dict) -> str:
         budget = "it was trained for the same number of steps on the same number of sequences"
         tokens = eagle3.get("train_answer_tokens"), dspark.get("train_answer_tokens")
         if tokens[0] != tokens[1] and None not in tokens:
-            budget += (f" ({num(tokens[0], 'd')} answer tokens against DSpark's {num(tokens[1], 'd')}: the "
-                       "same prompts, answered in another run)")
+            budget += f" ({num(tokens[0], 'd')} answer tokens; DSpark's held {num(tokens[1], 'd')})"
     return ("The EAGLE-3-style drafter drafts the full vocabulary and unrolls γ steps, so its training steps "
             f"cost more; {budget}. ")
 

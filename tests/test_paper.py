@@ -78,6 +78,6 @@ def test_the_eagle3_budget_sentence_says_what_differs_from_dspark():
     assert "same number of steps" in same and "answer tokens" not in same
     regenerated = builder.eagle3_budget_sentence({"dspark": dspark,
                                                   "eagle3": {**dspark, "train_answer_tokens": 1229327}})
-    assert "1229327 answer tokens against DSpark's 1229250" in regenerated
+    assert "(1229327 answer tokens; DSpark's held 1229250)" in regenerated
     timed = builder.eagle3_budget_sentence({"dspark": dspark, "eagle3": {**dspark, "steps": 900}})
     assert "training time" in timed
