@@ -6,7 +6,8 @@ prompts (math: GSM8K, code: HumanEval, chat: MT-Bench first turns; never in the 
 drafted slot verified. τ counts the bonus token (``paper/method.md`` §9, vLLM's ``1 + accepted / drafts``);
 acceptance by position is given both conditional (the paper's Fig. 2) and unconditional (DeepSpec's
 ``accept_rate@pos``). Each prompt's committed tokens and rounds are kept too, so that two drafters can be
-compared prompt by prompt (the paper's paired interval). Writes ``benchmarks/results/acceptance_cpu.json``.
+compared prompt by prompt (the paper's paired interval), and how often a drafted token repeats the slot before
+it, beside how often the decoded output does. Writes ``benchmarks/results/acceptance_cpu.json``.
 
     python benchmarks/bench_acceptance.py [--prompts-per-domain 8] [--max-new-tokens 64]
 """
@@ -26,6 +27,12 @@ from dspark.data import DOMAINS, load_prompts  # noqa: E402
 from dspark.decoding import SamplingConfig, speculative_generate  # noqa: E402
 from dspark.scheduler import FixedLength  # noqa: E402
 from dspark.target import load_default_target  # noqa: E402
+
+
+def _repeat_rate(outputs: list[list[int]]) -> float:
+    """How often a decoded token equals the one before it: the rate drafts' repeats are to be read against."""
+    pairs = [(a == b) for tokens in outputs for a, b in zip(tokens, tokens[1:])]
+    return sum(pairs) / len(pairs) if pairs else float("nan")
 
 
 def main(argv=None) -> int:
@@ -56,7 +63,8 @@ def main(argv=None) -> int:
                        "prompts": len(prompts[domain]), **result.stats.as_dict(),
                        "per_prompt": {"committed": [len(t) - 1 for t in result.tokens],
                                       "rounds": result.request_rounds},
-                       "tokens_per_second": result.tokens_per_second}
+                       "tokens_per_second": result.tokens_per_second,
+                       "output_repeat_rate": _repeat_rate(result.tokens)}
                 rows.append(row)
                 print(f"{name:7s} T={temperature:g} {domain:5s} tau={row['tau']:.3f} "
                       f"cond={[round(x, 2) for x in row['conditional_acceptance']]}")

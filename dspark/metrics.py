@@ -7,10 +7,14 @@
 * ``conditional[k]``: P(slot k+1 accepted | slots 1..k accepted and slot k+1 verified), the paper's Fig. 2.
 * ``unconditional[k]``: rounds accepting ≥ k+1 drafts over rounds that verified ≥ k+1 (DeepSpec's
   ``accept_rate@pos``).
+* ``repeat_rate[k]``: drafted blocks whose slot k+2 holds the same token as slot k+1, verified or not. Slots
+  drafted independently of each other collapse onto the same likely token when the drafter is unsure
+  ("\n \n \n …"); the Markov head exists to break that, and this rate shows whether it does.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -30,6 +34,8 @@ class AcceptanceStats:
         proposed: ``[γ]`` rounds that verified at least k+1 drafts.
         reached: ``[γ]`` rounds that verified slot k+1 with slots 1..k all accepted.
         accepted_at: ``[γ]`` rounds that accepted at least k+1 drafts.
+        drafted: blocks drafted (rounds given ``draft_tokens``).
+        repeats: ``[γ - 1]`` drafted blocks whose slot k+2 repeats slot k+1's token.
     """
 
     block_size: int
@@ -39,6 +45,8 @@ class AcceptanceStats:
     proposed: torch.Tensor = field(default=None)
     reached: torch.Tensor = field(default=None)
     accepted_at: torch.Tensor = field(default=None)
+    drafted: int = 0
+    repeats: torch.Tensor = field(default=None)
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
@@ -46,12 +54,18 @@ class AcceptanceStats:
         for name in ("proposed", "reached", "accepted_at"):
             if getattr(self, name) is None:
                 setattr(self, name, torch.zeros(self.block_size, dtype=torch.long))
+        if self.repeats is None:
+            self.repeats = torch.zeros(self.block_size - 1, dtype=torch.long)
 
-    def update(self, verify_len: torch.Tensor, num_accepted: torch.Tensor, num_committed: torch.Tensor) -> None:
-        """Add rounds: ``[R]`` verify lengths, accepted drafts and committed tokens (e.g. from :func:`verify`)."""
+    def update(self, verify_len: torch.Tensor, num_accepted: torch.Tensor, num_committed: torch.Tensor,
+               draft_tokens: torch.Tensor | None = None) -> None:
+        """Add rounds: ``[R]`` verify lengths, accepted drafts and committed tokens (e.g. from :func:`verify`),
+        and the ``[R, γ]`` drafted blocks when the rounds drafted one."""
         check_tensor("verify_len", verify_len, ndim=1, integer=True)
         check_tensor("num_accepted", num_accepted, shape=tuple(verify_len.shape), integer=True)
         check_tensor("num_committed", num_committed, shape=tuple(verify_len.shape), integer=True)
+        if draft_tokens is not None:
+            check_tensor("draft_tokens", draft_tokens, shape=(verify_len.shape[0], self.block_size), integer=True)
         if bool((num_accepted > verify_len).any()) or bool((verify_len > self.block_size).any()):
             raise ValueError("need num_accepted <= verify_len <= block_size in every round")
         slots = torch.arange(self.block_size)
@@ -62,6 +76,9 @@ class AcceptanceStats:
         self.proposed += (slots < verify_len[:, None]).sum(0)
         self.reached += ((slots < verify_len[:, None]) & (slots <= num_accepted[:, None])).sum(0)
         self.accepted_at += (slots < num_accepted[:, None]).sum(0)
+        if draft_tokens is not None:
+            self.drafted += draft_tokens.shape[0]
+            self.repeats += (draft_tokens[:, 1:] == draft_tokens[:, :-1]).sum(0).cpu()
 
     def merge(self, other: AcceptanceStats) -> AcceptanceStats:
         if other.block_size != self.block_size:
@@ -69,7 +86,7 @@ class AcceptanceStats:
         return AcceptanceStats(
             self.block_size, self.rounds + other.rounds, self.committed + other.committed,
             self.accepted + other.accepted, self.proposed + other.proposed, self.reached + other.reached,
-            self.accepted_at + other.accepted_at,
+            self.accepted_at + other.accepted_at, self.drafted + other.drafted, self.repeats + other.repeats,
         )
 
     @property
@@ -92,6 +109,10 @@ class AcceptanceStats:
     def unconditional(self) -> torch.Tensor:
         return self.accepted_at.double() / self.proposed.double()
 
+    @property
+    def repeat_rate(self) -> torch.Tensor:
+        return self.repeats.double() / self.drafted if self.drafted else torch.full((self.block_size - 1,), math.nan)
+
     def as_dict(self) -> dict:
         return {
             "rounds": self.rounds,
@@ -102,4 +123,6 @@ class AcceptanceStats:
             "unconditional_acceptance": self.unconditional.tolist(),
             "reached_by_position": self.reached.tolist(),
             "accepted_by_position": self.accepted_at.tolist(),
+            "drafted_blocks": self.drafted,
+            "draft_repeat_rate": self.repeat_rate.tolist(),
         }

@@ -45,3 +45,22 @@ def test_conditional_and_unconditional_by_hand():
 def test_inconsistent_rounds_raise():
     with pytest.raises(ValueError, match="num_accepted <= verify_len"):
         AcceptanceStats(3).update(torch.tensor([1]), torch.tensor([2]), torch.tensor([3]))
+
+
+def test_repeat_rate_counts_adjacent_equal_drafts_and_merges():
+    stats = AcceptanceStats(4)
+    assert all(math.isnan(x) for x in stats.repeat_rate.tolist())
+    stats.update(torch.tensor([4, 0]), torch.tensor([1, 0]), torch.tensor([2, 1]),
+                 torch.tensor([[5, 5, 5, 7], [1, 2, 2, 2]]))
+    stats.update(torch.tensor([0]), torch.tensor([0]), torch.tensor([1]))  # a round that drafted nothing
+    other = AcceptanceStats(4)
+    other.update(torch.tensor([2]), torch.tensor([2]), torch.tensor([3]), torch.tensor([[9, 8, 9, 9]]))
+    merged = stats.merge(other)
+    assert merged.drafted == 3 and merged.rounds == 4
+    assert merged.repeat_rate.tolist() == pytest.approx([1 / 3, 2 / 3, 2 / 3])
+    assert merged.as_dict()["draft_repeat_rate"] == pytest.approx([1 / 3, 2 / 3, 2 / 3])
+
+
+def test_draft_tokens_of_the_wrong_shape_raise():
+    with pytest.raises(ValueError, match="draft_tokens"):
+        AcceptanceStats(3).update(torch.tensor([1]), torch.tensor([0]), torch.tensor([1]), torch.tensor([[1, 2]]))
