@@ -8,8 +8,9 @@
 * ``unconditional[k]``: rounds accepting ≥ k+1 drafts over rounds that verified ≥ k+1 (DeepSpec's
   ``accept_rate@pos``).
 * ``repeat_rate[k]``: drafted blocks whose slot k+2 holds the same token as slot k+1, verified or not. Slots
-  drafted independently of each other collapse onto the same likely token when the drafter is unsure
-  ("\n \n \n …"); the Markov head exists to break that, and this rate shows whether it does.
+  sampled independently from one parallel pass fall back on the same likely token when the drafter is unsure
+  (a newline, then another, then another); the Markov head exists to break that, and this rate shows whether
+  it does.
 """
 
 from __future__ import annotations
