@@ -398,8 +398,9 @@ class SpeculativeDecoder:
                                   token_ids=fed[:, : int(kept.max())])
         t3 = time.perf_counter()
 
+        # The drafted block stays on its device: stats compare it there and copy back only γ - 1 counts.
         self.stats.update(verify_len.cpu(), result.num_accepted.cpu(), result.num_committed.cpu(),
-                          None if draft is None else draft.tokens.cpu())
+                          None if draft is None else draft.tokens)
         if self.record_rounds and draft is not None and draft.confidence_logits is not None:
             # Slots after an accepted EOS were never really verified: they leave the calibration data.
             verified = torch.where(result.num_committed == result.num_accepted, result.num_accepted, verify_len)
