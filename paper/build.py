@@ -324,8 +324,8 @@ def _repeat_table(out: list[str], rows: list[dict]) -> None:
     if not greedy:
         return
     gamma = len(greedy[0]["draft_repeat_rate"]) + 1
-    out.append("How often a drafted token repeats the token drafted in the slot before it, over every drafted "
-               "block at T = 0 (verified or not, the three domains pooled). Slots drafted in one parallel pass "
+    out.append("The share of drafted blocks in which slot k repeats the token drafted in slot k − 1, at T = 0 "
+               "(verified or not, the three domains pooled). Slots drafted in one parallel pass "
                "fall back on the same likely token when the drafter is unsure; DSpark's Markov head conditions "
                "each slot on the one before, and the EAGLE-3-style chain drafts one token at a time.\n")
     out.append("| drafter | " + " | ".join(f"slot {k}" for k in range(2, gamma + 1)) + " |")
