@@ -197,7 +197,8 @@ def eagle3_budget_sentence(arms: dict) -> str:
         return ""
     eagle3, dspark = arms["eagle3"], arms["dspark"]
     if eagle3.get("steps") != dspark.get("steps") or eagle3.get("train_sequences") != dspark.get("train_sequences"):
-        budget = "it was given a training time rather than the same steps and sequences"
+        budget = (f"it was trained for {num(eagle3.get('steps'), 'd')} steps on {num(eagle3.get('train_sequences'), 'd')} "
+                  f"sequences, DSpark for {num(dspark.get('steps'), 'd')} on {num(dspark.get('train_sequences'), 'd')}")
     else:
         budget = "it was trained for the same number of steps on the same number of sequences"
         tokens = eagle3.get("train_answer_tokens"), dspark.get("train_answer_tokens")
@@ -306,7 +307,8 @@ def section_acceptance(out: list[str], figures: Path) -> None:
         out.append("DSpark's τ minus DFlash's, paired over the same prompts, with a 95% bootstrap interval that "
                    f"resamples prompts: at T = 0 {cells[0.0]}; at T = 1 {cells[1.0]}. At T = 0 both decode the "
                    "target's greedy output, so only acceptance differs; at T = 1 the sampled outputs differ too. "
-                   "An interval that contains 0 means these prompts cannot tell the two drafters apart.\n")
+                   "An interval that contains 0 means these prompts cannot tell the two drafters apart."
+                   + _unequal_budget(meta) + "\n")
     _repeat_table(out, rows)
     _figure_acceptance(rows, figures)
     out.append("![Conditional acceptance by position](figures/acceptance_by_position.png)\n")
@@ -314,6 +316,16 @@ def section_acceptance(out: list[str], figures: Path) -> None:
                "per domain, at T = 1 (solid) and T = 0 (dashed). Points past slot 2 rest on few rounds. The paper "
                f"reports {quote(0.88)} vs {quote(0.81)} at slot 1 on math for DFlash vs EAGLE-3, "
                f"{quote(0.72)} vs {quote(0.53)} on chat, and DSpark starting at {quote(0.93)} on math.*\n")
+
+
+def _unequal_budget(meta: dict) -> str:
+    """A sentence when DSpark and DFlash were trained for different numbers of steps (``meta``: drafter metadata
+    by name), else ""."""
+    steps = {name: meta.get(name, {}).get("steps") for name in ("dspark", "dflash")}
+    if None in steps.values() or steps["dspark"] == steps["dflash"]:
+        return ""
+    return (f" DSpark was trained for {num(steps['dspark'], 'd')} steps and DFlash for {num(steps['dflash'], 'd')}, "
+            "so these gaps are not at equal training budget.")
 
 
 def _repeat_table(out: list[str], rows: list[dict]) -> None:
@@ -1108,14 +1120,24 @@ def section_limits(out: list[str]) -> None:
         lo, hi = first_epoch[0], first_epoch[-1]
         per_doubling = (hi["eval_tau_prob"] - lo["eval_tau_prob"]) / math.log2(hi["answer_tokens_seen"]
                                                                                 / lo["answer_tokens_seen"])
+        repeated = [c for c in curve if c["answer_tokens_seen"] > recipe["regeneration"]["answer_tokens"]]
+        second_pass = ""
+        if repeated:
+            last = repeated[-1]
+            again = (last["eval_tau_prob"] - hi["eval_tau_prob"]) / math.log2(last["answer_tokens_seen"]
+                                                                               / hi["answer_tokens_seen"])
+            second_pass = (f" Going on over the same sequences again, to step {num(last['step'], 'd')} "
+                           f"({num(last['answer_tokens_seen'] / 1e3, '.0f')}k answer tokens seen), took it to "
+                           f"{num(last['eval_tau_prob'])}: about {num(again, '.2f')} per doubling of the tokens "
+                           "seen.")
         out.append(f"- **Acceptance is the limit.** The shipped DSpark drafter decodes with τ "
                    f"{num(sum(greedy.values()) / len(greedy))} on average at T = 0 (math {num(greedy['math'])}): far "
                    "from what a speedup on this CPU needs (below). Over its first pass through the data, "
                    f"its held-out τ_prob rose from {num(lo['eval_tau_prob'])} at "
                    f"{num(lo['answer_tokens_seen'] / 1e3, '.0f')}k answer tokens to {num(hi['eval_tau_prob'])} at "
                    f"{num(hi['answer_tokens_seen'] / 1e3, '.0f')}k: about {num(per_doubling, '.2f')} per doubling "
-                   "of the data. At that rate data alone would need many doublings beyond what this CPU can "
-                   "regenerate; the paper's drafters have five layers and see "
+                   "of the data." + second_pass + " At the first pass's rate data alone would need many doublings "
+                   "beyond what this CPU can regenerate; the paper's drafters have five layers and see "
                    f"{quote(1.3)} M samples {quote(10, 'd')} times. This recipe already took the paper's largest step, "
                    "from one draft layer to two; the levers left are more layers and much longer training, which "
                    "a GPU makes cheap.")

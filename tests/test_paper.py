@@ -79,5 +79,12 @@ def test_the_eagle3_budget_sentence_says_what_differs_from_dspark():
     regenerated = builder.eagle3_budget_sentence({"dspark": dspark,
                                                   "eagle3": {**dspark, "train_answer_tokens": 1229327}})
     assert "(1229327 answer tokens; DSpark's held 1229250)" in regenerated
-    timed = builder.eagle3_budget_sentence({"dspark": dspark, "eagle3": {**dspark, "steps": 900}})
-    assert "training time" in timed
+    shorter = builder.eagle3_budget_sentence({"dspark": dspark, "eagle3": {**dspark, "steps": 900}})
+    assert "trained for 900 steps on 7638 sequences, DSpark for 2000 on 7638" in shorter
+
+
+def test_the_dflash_gap_says_when_budgets_differ():
+    assert builder._unequal_budget({"dspark": {"steps": 2000}, "dflash": {"steps": 2000}}) == ""
+    assert builder._unequal_budget({"dspark": {"steps": 2000}}) == ""
+    sentence = builder._unequal_budget({"dspark": {"steps": 4000}, "dflash": {"steps": 2000}})
+    assert "4000 steps and DFlash for 2000" in sentence and "not at equal training budget" in sentence
