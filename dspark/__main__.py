@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("--objective", choices=["dspark", "dflash", "eagle3"], default=None, help="default dspark")
     train.add_argument("--layers", type=int, default=None, help="draft layers (default 2; eagle3: 1)")
     train.add_argument("--block-size", type=int, default=None, help="γ, the block (or chain) length (default 7)")
-    train.add_argument("--steps", type=int, default=None, help="default 2000")
+    train.add_argument("--steps", type=int, default=None, help="default 4000")
     train.add_argument("--prompts", type=int, default=None,
                        help="size of the ShareGPT prompt pool (default: all, about 7,700); all of them are "
                             "answered unless a config's corpus_samples keeps fewer (a prefix of a seeded shuffle)")

@@ -590,7 +590,7 @@ class Trainer:
 
 
 def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "dspark", num_prompts: int | None = None,
-                          corpus_samples: int | None = None, max_new_tokens: int = 192, steps: int = 2000,
+                          corpus_samples: int | None = None, max_new_tokens: int = 192, steps: int = 4000,
                           num_draft_layers: int = 2, markov_rank: int = 32, block_size: int = 7, num_anchors: int = 48,
                           sequences_per_step: int = 4, draft_vocab_size: int | None = 16384, lr: float = 1e-3,
                           precision: str = "bf16", held_out: int = 48, eval_every: int = 200,
