@@ -197,8 +197,9 @@ def eagle3_budget_sentence(arms: dict) -> str:
         return ""
     eagle3, dspark = arms["eagle3"], arms["dspark"]
     if eagle3.get("steps") != dspark.get("steps") or eagle3.get("train_sequences") != dspark.get("train_sequences"):
-        budget = (f"it was trained for {num(eagle3.get('steps'), 'd')} steps on {num(eagle3.get('train_sequences'), 'd')} "
-                  f"sequences, DSpark for {num(dspark.get('steps'), 'd')} on {num(dspark.get('train_sequences'), 'd')}")
+        budget = (f"it was trained for {num(eagle3.get('steps'), 'd')} steps on "
+                  f"{num(eagle3.get('train_sequences'), 'd')} sequences, DSpark for {num(dspark.get('steps'), 'd')} "
+                  f"on {num(dspark.get('train_sequences'), 'd')}")
     else:
         budget = "it was trained for the same number of steps on the same number of sequences"
         tokens = eagle3.get("train_answer_tokens"), dspark.get("train_answer_tokens")
@@ -1107,15 +1108,19 @@ def _section_compile_matrix(out: list[str]) -> None:
     out.append("No speed is claimed for Blackwell: no Blackwell GPU ran these kernels.\n")
 
 
-def _doublings_to(last: dict, goal: float, per_doubling: float) -> str:
+def _doublings_to(last: dict, goal: float, per_doubling: float, train_seconds: float | None) -> str:
     """How many doublings of the tokens seen take τ_prob from the ``last`` evaluation to ``goal`` at the first
-    pass's rate, as a sentence with its leading space ("" when the goal is already reached)."""
+    pass's rate, and how long training that long would take at the run's pace (``train_seconds`` for the
+    whole curve), as a sentence with its leading space ("" when the goal is already reached)."""
     if last["eval_tau_prob"] >= goal or per_doubling <= 0:
         return ""
     doublings = (goal - last["eval_tau_prob"]) / per_doubling
+    tokens = 2 ** doublings * last["answer_tokens_seen"]
+    pace = "" if not train_seconds else (
+        f", about {num(tokens / last['answer_tokens_seen'] * train_seconds / 3600, '.0f')} hours of training at "
+        "this run's pace on this CPU")
     return (f" At the first pass's rate a τ_prob of {num(goal, '.1f')} would take about {num(doublings, '.0f')} "
-            f"more doublings, some {num(2 ** doublings * last['answer_tokens_seen'] / 1e6, '.0f')} M answer tokens seen: "
-            "far beyond what this CPU can regenerate or train on in a session.")
+            f"more doublings, some {num(tokens / 1e6, '.0f')} M answer tokens seen{pace}.")
 
 
 def section_limits(out: list[str]) -> None:
@@ -1135,17 +1140,21 @@ def section_limits(out: list[str]) -> None:
             last = repeated[-1]
             again = (last["eval_tau_prob"] - hi["eval_tau_prob"]) / math.log2(last["answer_tokens_seen"]
                                                                                / hi["answer_tokens_seen"])
+            # Within a fifth of the first pass's rate counts as "about as much": the rates are two-point slopes.
+            verdict = "about as much as" if again >= 0.8 * per_doubling else "less than"
             second_pass = (f" Going on over the same sequences again, to step {num(last['step'], 'd')} "
                            f"({num(last['answer_tokens_seen'] / 1e3, '.0f')}k answer tokens seen), took it to "
                            f"{num(last['eval_tau_prob'])}: about {num(again, '.2f')} per doubling of the tokens "
-                           "seen, so at this scale repeated sequences still teach about as much as new ones.")
+                           f"seen, so at this scale repeated sequences teach {verdict} new ones did.")
         out.append(f"- **Acceptance is the limit.** The shipped DSpark drafter decodes with τ "
                    f"{num(sum(greedy.values()) / len(greedy))} on average at T = 0 (math {num(greedy['math'])}): far "
                    "from what a speedup on this CPU needs (below). Over its first pass through the data, "
                    f"its held-out τ_prob rose from {num(lo['eval_tau_prob'])} at "
                    f"{num(lo['answer_tokens_seen'] / 1e3, '.0f')}k answer tokens to {num(hi['eval_tau_prob'])} at "
                    f"{num(hi['answer_tokens_seen'] / 1e3, '.0f')}k: about {num(per_doubling, '.2f')} per doubling "
-                   "of the data." + second_pass + _doublings_to(curve[-1], 2.5, per_doubling) + " The paper's "
+                   "of the data." + second_pass + _doublings_to(curve[-1], 2.5, per_doubling,
+                                                                  (recipe["arms"]["dspark"].get("run") or {})
+                                                                  .get("seconds", {}).get("train")) + " The paper's "
                    f"drafters have five layers and see {quote(1.3)} M samples {quote(10, 'd')} times. This recipe "
                    "already took the paper's largest step, from one draft layer to two; the levers left are more "
                    "layers and much longer training, which a GPU makes cheap.")
