@@ -1117,8 +1117,8 @@ def _doublings_to(last: dict, goal: float, per_doubling: float, train_seconds: f
     doublings = (goal - last["eval_tau_prob"]) / per_doubling
     tokens = 2 ** doublings * last["answer_tokens_seen"]
     pace = "" if not train_seconds else (
-        f", about {num(tokens / last['answer_tokens_seen'] * train_seconds / 3600, '.0f')} hours of training at "
-        "this run's pace on this CPU")
+        f", about {num(2 ** doublings * train_seconds / 3600, '.0f')} hours of training at this run's pace on "
+        "this CPU")
     return (f" At the first pass's rate a τ_prob of {num(goal, '.1f')} would take about {num(doublings, '.0f')} "
             f"more doublings, some {num(tokens / 1e6, '.0f')} M answer tokens seen{pace}.")
 
@@ -1130,6 +1130,7 @@ def section_limits(out: list[str]) -> None:
         greedy = {r["domain"]: r["tau"] for r in acceptance["rows"] if r["drafter"] == "dspark"
                   and r["temperature"] == 0}
         curve = recipe["arms"]["dspark"]["curve"]
+        train_seconds = (recipe["arms"]["dspark"].get("run") or {}).get("seconds", {}).get("train")
         first_epoch = [c for c in curve if 0 < c["answer_tokens_seen"] <= recipe["regeneration"]["answer_tokens"]]
         lo, hi = first_epoch[0], first_epoch[-1]
         per_doubling = (hi["eval_tau_prob"] - lo["eval_tau_prob"]) / math.log2(hi["answer_tokens_seen"]
@@ -1152,9 +1153,7 @@ def section_limits(out: list[str]) -> None:
                    f"its held-out τ_prob rose from {num(lo['eval_tau_prob'])} at "
                    f"{num(lo['answer_tokens_seen'] / 1e3, '.0f')}k answer tokens to {num(hi['eval_tau_prob'])} at "
                    f"{num(hi['answer_tokens_seen'] / 1e3, '.0f')}k: about {num(per_doubling, '.2f')} per doubling "
-                   "of the data." + second_pass + _doublings_to(curve[-1], 2.5, per_doubling,
-                                                                  (recipe["arms"]["dspark"].get("run") or {})
-                                                                  .get("seconds", {}).get("train")) + " The paper's "
+                   "of the data." + second_pass + _doublings_to(curve[-1], 2.5, per_doubling, train_seconds) + " The paper's "
                    f"drafters have five layers and see {quote(1.3)} M samples {quote(10, 'd')} times. This recipe "
                    "already took the paper's largest step, from one draft layer to two; the levers left are more "
                    "layers and much longer training, which a GPU makes cheap.")
