@@ -23,7 +23,7 @@ from dspark.scheduler import (
     allocate_top_k,
     schedule_greedy,
 )
-from dspark.verify import VerifyOutput, verify
+from dspark.verify import VerifyOutput, verify, verify_greedy
 
 __version__ = "0.1.0"
 
@@ -42,6 +42,7 @@ __all__ = [
     "fit_sts",
     "schedule_greedy",
     "verify",
+    "verify_greedy",
     "BlockBackbone",
     "ConfidenceHead",
     "ContextCache",

@@ -22,11 +22,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dspark._checks import check_sampling
+from dspark._checks import check_sampling, check_tensor
+from dspark.drafter import DraftOutput
 from dspark.metrics import AcceptanceStats
 from dspark.sampling import sample_from_probs, warp_logits
 from dspark.scheduler import FixedLength, Scheduler, SPSTable
-from dspark.verify import verify
+from dspark.verify import verify, verify_greedy
 
 
 @dataclass
@@ -379,18 +380,7 @@ class SpeculativeDecoder:
         step = self.target.forward(self.state, fed, positions,
                                    torch.arange(width, device=device) <= verify_len[:, None])
         t_target = time.perf_counter()
-        target_probs = warp_logits(step.logits, config.temperature, config.top_k, config.top_p)
-        slots = max(width - 1, 1)  # verify needs one slot at least; with ℓ = 0 everywhere only row 0 is read
-        if target_probs.shape[1] < slots + 1:
-            target_probs = torch.cat([target_probs, target_probs[:, -1:]], 1)
-        dtype = target_probs.dtype
-        if draft is None:  # a plain target step: with ℓ = 0 the draft slot is never read, only its shape
-            tokens, draft_probs = torch.zeros(num, slots, dtype=torch.long, device=device), target_probs[:, :slots]
-        else:
-            tokens, draft_probs = draft.tokens[:, :slots], draft.draft_probs[:, :slots].to(dtype)
-        result = verify(tokens, draft_probs, target_probs, verify_len,
-                        self._uniforms(num, slots, dtype=dtype), self._uniforms(num, dtype=dtype),
-                        eos_token_id=self.eos, backend=self.backend)
+        result = self._verify(step.logits, draft, verify_len, max(width - 1, 1))
         kept = result.num_accepted + 1  # x_0 and the accepted drafts now hold committed tokens
         self.target.keep(self.state, width, kept)
         self.state.next_pos = self.state.next_pos + kept
@@ -417,6 +407,31 @@ class SpeculativeDecoder:
             self.timings[name] += seconds
         self.steps += 1
         return counts
+
+    def _verify(self, logits: torch.Tensor, draft: DraftOutput | None, verify_len: torch.Tensor, slots: int):
+        """Rejection-sample the round from the verify pass's ``logits [R, width, V]``; ``slots`` ≥ 1 drafted
+        slots are handed to the verifier (with ℓ = 0 everywhere only target row 0 is read)."""
+        config, num, device = self.config, len(verify_len), verify_len.device
+        if config.temperature == 0:  # one-hot distributions: verify_greedy returns what verify would, from argmaxes
+            # max propagates NaN and finds +inf, so finite maxima mean every argmax is a real token.
+            top, target_tokens = logits.max(-1)
+            check_tensor("the target's largest logits", top, finite=True)
+            if target_tokens.shape[1] < slots + 1:
+                target_tokens = torch.cat([target_tokens, target_tokens[:, -1:]], 1)
+            tokens = torch.zeros(num, slots, dtype=torch.long, device=device) if draft is None \
+                else draft.tokens[:, :slots]
+            return verify_greedy(tokens, target_tokens, verify_len, eos_token_id=self.eos)
+        target_probs = warp_logits(logits, config.temperature, config.top_k, config.top_p)
+        if target_probs.shape[1] < slots + 1:
+            target_probs = torch.cat([target_probs, target_probs[:, -1:]], 1)
+        dtype = target_probs.dtype
+        if draft is None:  # a plain target step: with ℓ = 0 the draft slot is never read, only its shape
+            tokens, draft_probs = torch.zeros(num, slots, dtype=torch.long, device=device), target_probs[:, :slots]
+        else:
+            tokens, draft_probs = draft.tokens[:, :slots], draft.draft_probs[:, :slots].to(dtype)
+        return verify(tokens, draft_probs, target_probs, verify_len,
+                      self._uniforms(num, slots, dtype=dtype), self._uniforms(num, dtype=dtype),
+                      eos_token_id=self.eos, backend=self.backend)
 
     def run(self, progress: bool = False) -> GenerationResult:
         """Step until every request has finished; the result's time includes the prefill."""

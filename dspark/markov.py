@@ -185,8 +185,15 @@ def sample_block(
         if weights is not None:
             bias, state = markov_step(weights, prev, hidden[:, k], state)
             logits = logits + bias
-        step_probs = warp_logits(logits, temperature, top_k, top_p)
-        step_tokens = sample_from_probs(step_probs, uniforms[:, k].to(step_probs.dtype))
+        if temperature == 0:
+            # warp_logits' one-hot at the first argmax, whose inverse CDF is that argmax whatever the draw. max
+            # propagates NaN and finds +inf, so finite maxima are the check that warp_logits makes of every logit.
+            top, step_tokens = logits.max(-1)
+            check_tensor("draft logits", top, finite=True)
+            step_probs = torch.nn.functional.one_hot(step_tokens, logits.shape[-1]).to(logits.dtype)
+        else:
+            step_probs = warp_logits(logits, temperature, top_k, top_p)
+            step_tokens = sample_from_probs(step_probs, uniforms[:, k].to(step_probs.dtype))
         tokens.append(step_tokens)
         probs.append(step_probs)
         prev = step_tokens if draft_to_target is None else draft_to_target[step_tokens]

@@ -136,6 +136,62 @@ def _verify_torch(draft_tokens, draft_probs, target_probs, verify_len, accept_un
     return VerifyOutput(num_accepted, outcome, next_token, committed, num_committed, finished)
 
 
+def verify_greedy(draft_tokens: torch.Tensor, target_tokens: torch.Tensor, verify_len: torch.Tensor, *,
+                  eos_token_id: int | None = None) -> VerifyOutput:
+    """:func:`verify` for greedy decoding, from token ids: what it returns for one-hot distributions.
+
+    With one-hot draft and target distributions the acceptance test ``u · q(x_k) < p_{k−1}(x_k)`` passes iff
+    ``x_k`` is the target's argmax, and both the correction ``norm(max(0, p_n − q_{n+1}))`` and the bonus
+    ``p_ℓ`` are one-hots at the target's argmax: no distribution and no draw is needed, only ``[R, γ+1]``
+    argmaxes instead of ``[R, γ+1, V]`` probabilities.
+
+    Args:
+        draft_tokens: ``[R, γ]`` int64 drafted tokens (each the argmax of its draft distribution).
+        target_tokens: ``[R, γ+1]`` int64 the target's argmax at each verify position (position k predicts the
+            token after ``x_k``); entries past ``verify_len[r]`` are ignored.
+        verify_len: ``[R]`` ℓ_r in ``[0, γ]``.
+        eos_token_id: accepted EOS ends a request without a bonus.
+    """
+    check_tensor("draft_tokens", draft_tokens, ndim=2, integer=True)
+    num_requests, gamma = draft_tokens.shape
+    if gamma < 1:
+        raise ValueError(f"draft_tokens must have at least one block slot, got shape {tuple(draft_tokens.shape)}")
+    check_tensor("target_tokens", target_tokens, shape=(num_requests, gamma + 1), integer=True)
+    check_tensor("verify_len", verify_len, shape=(num_requests,), integer=True)
+    if verify_len.numel() and (int(verify_len.min()) < 0 or int(verify_len.max()) > gamma):
+        raise ValueError(f"verify_len must lie in [0, {gamma}], got {verify_len.tolist()}")
+    if draft_tokens.numel() and int(draft_tokens.min()) < 0:
+        raise ValueError("draft_tokens must be non-negative token ids")
+    if target_tokens.numel() and int(target_tokens.min()) < 0:
+        raise ValueError("target_tokens must be non-negative token ids")
+    if eos_token_id is not None and (isinstance(eos_token_id, bool) or not isinstance(eos_token_id, int)
+                                     or eos_token_id < 0):
+        raise ValueError(f"eos_token_id must be a non-negative int or None, got {eos_token_id!r}")
+    device = draft_tokens.device
+    rows = torch.arange(num_requests, device=device)
+    slots = torch.arange(gamma, device=device)
+    accepted = ((draft_tokens == target_tokens[:, :gamma]) & (slots < verify_len[:, None])).cumprod(-1).bool()
+    ended_by_eos = torch.zeros_like(accepted[:, 0])
+    if eos_token_id is not None:
+        accepted_eos = (draft_tokens == eos_token_id) & accepted
+        accepted = accepted & ((accepted_eos.cumsum(-1) - accepted_eos.long()) == 0)
+        ended_by_eos = accepted_eos.any(-1)
+    num_accepted = accepted.sum(-1)
+    rejected = (num_accepted < verify_len) & ~ended_by_eos
+
+    outcome = torch.full((num_requests, gamma), NOT_REACHED, dtype=torch.int8, device=device)
+    outcome[accepted] = ACCEPTED
+    outcome[rows[rejected], num_accepted.clamp(max=gamma - 1)[rejected]] = REJECTED
+    next_token = torch.where(ended_by_eos, torch.full_like(num_accepted, -1), target_tokens[rows, num_accepted])
+
+    committed = torch.full((num_requests, gamma + 1), -1, dtype=torch.long, device=device)
+    committed[:, :gamma] = torch.where(accepted, draft_tokens, committed[:, :gamma])
+    committed[rows, num_accepted] = torch.where(ended_by_eos, committed[rows, num_accepted], next_token)
+    num_committed = num_accepted + (~ended_by_eos).to(num_accepted.dtype)
+    finished = ended_by_eos if eos_token_id is None else ended_by_eos | (next_token == eos_token_id)
+    return VerifyOutput(num_accepted, outcome, next_token, committed, num_committed, finished)
+
+
 def _check_inputs(draft_tokens, draft_probs, target_probs, verify_len, accept_uniforms, final_uniforms) -> None:
     check_tensor("draft_probs", draft_probs, ndim=3, floating=True, finite=True)
     num_requests, gamma, vocab = draft_probs.shape

@@ -258,3 +258,24 @@ def test_drafter_config_takes_the_targets_own_taps_only():
     assert target.drafter_config(target_layer_ids=[1, 3]).target_layer_ids == [1, 3]
     with pytest.raises(ValueError, match="tap_layers"):
         target.drafter_config(target_layer_ids=[0, 2])
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("poison", [float("nan"), float("inf")])
+def test_a_target_that_returns_non_finite_logits_is_refused(monkeypatch, temperature, poison):
+    """Greedy verification reads only argmaxes, so it checks the maxima: a NaN or +inf logit anywhere is one."""
+    target = tiny_target("llama")
+    drafter = drafter_for(target)
+    forward, calls = target.forward, []
+
+    def poisoned(*args, **kwargs):
+        step = forward(*args, **kwargs)
+        calls.append(step)
+        if len(calls) > 1:  # a verify pass, not the prefill
+            step.logits[0, -1, 5] = poison
+        return step
+
+    monkeypatch.setattr(target, "forward", poisoned)
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        speculative_generate(target, drafter, [[1, 2, 3]], SamplingConfig(max_new_tokens=8, temperature=temperature))
+    assert len(calls) == 2, "the first verify pass must be the one refused"

@@ -1,11 +1,12 @@
 import pytest
 import torch
 from hypothesis import given
+from hypothesis import strategies as st
 
 from dspark.markov import sample_block
 from dspark.sampling import warp_logits
 from dspark.testing import assert_equal, chi_square_pvalue, random_markov_weights
-from dspark.verify import ACCEPTED, NOT_REACHED, REJECTED, verify
+from dspark.verify import ACCEPTED, NOT_REACHED, REJECTED, verify, verify_greedy
 from tests.strategies import verify_inputs
 
 
@@ -180,3 +181,40 @@ def test_rows_that_are_not_distributions_are_refused(backend):
     verify(tokens, draft_probs, unread, verify_len, u, final, backend=backend)
     with pytest.raises(ValueError, match="eos_token_id"):
         verify(tokens, draft_probs, target_probs, verify_len, u, final, eos_token_id=10, backend=backend)
+
+
+@given(
+    requests=st.integers(1, 5),
+    gamma=st.integers(1, 6),
+    vocab=st.integers(2, 9),
+    eos=st.one_of(st.none(), st.integers(0, 1)),
+    seed=st.integers(0, 2**31),
+)
+def test_verify_greedy_equals_verify_on_one_hot_distributions(requests, gamma, vocab, eos, seed):
+    """Small vocabularies and a two-token alphabet for the drafts make matches, EOS and ℓ = 0 common; target
+    logits with exact ties check that both paths take the first argmax."""
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randint(0, 3, (requests, gamma + 1, vocab), generator=gen).double()
+    target_tokens = logits.argmax(-1)
+    matching = torch.rand(requests, gamma, generator=gen) < 0.7
+    draft_tokens = torch.where(matching, target_tokens[:, :gamma], torch.randint(0, vocab, (requests, gamma),
+                                                                                     generator=gen))
+    verify_len = torch.randint(0, gamma + 1, (requests,), generator=gen)
+    got = verify_greedy(draft_tokens, target_tokens, verify_len, eos_token_id=eos)
+    want = verify(draft_tokens, torch.nn.functional.one_hot(draft_tokens, vocab).double(), warp_logits(logits, 0.0),
+                  verify_len, torch.rand(requests, gamma, generator=gen, dtype=torch.float64),
+                  torch.rand(requests, generator=gen, dtype=torch.float64), eos_token_id=eos, backend="reference")
+    for name in ("num_accepted", "outcome", "next_token", "committed", "num_committed", "finished"):
+        assert_equal(getattr(got, name), getattr(want, name), name=name)
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda d, t, n: (d, t[:, :-1], n), "target_tokens must have shape"),
+    (lambda d, t, n: (d.float(), t, n), "integer"),
+    (lambda d, t, n: (d, t, n + 3), "verify_len must lie in"),
+    (lambda d, t, n: (d - 5, t, n), "non-negative"),
+])
+def test_bad_verify_greedy_input_raises(mutate, message):
+    draft, target, lengths = torch.tensor([[1, 2]]), torch.tensor([[1, 2, 3]]), torch.tensor([2])
+    with pytest.raises(ValueError, match=message):
+        verify_greedy(*mutate(draft, target, lengths))
