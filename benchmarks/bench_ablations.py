@@ -1,0 +1,221 @@
+"""Cheap changes to the recipe's training, each against the recipe itself and its seed noise, at equal steps.
+
+The recipe's drafter learns slowly: after two passes over 1.2 M answer tokens its held-out τ_prob is 1.67,
+and a trigram model of the same answers already predicts 31% of held-out next tokens against the drafter's
+43% at slot 1. This benchmark asks whether something cheaper than more data closes part of that gap. Every
+variant trains the recipe's DSpark drafter (two layers, Markov rank 32, 16,384-token draft vocabulary, 48
+anchors per sequence, 4 sequences a step, AdamW at 1e-3 with warm-up and cosine to 0) from the same
+initial weights on the same sequences in the same order, and is evaluated on the same held-out sequences:
+
+* ``recipe``: the recipe as ``python -m dspark train`` runs it; ``recipe-seed1``: the same with another
+  seed for the initial weights and anchors, which sizes the noise every difference must clear;
+* ``tap-rms``: each tap feature divided by its RMS over the training split before ``fc`` (SmolLM2's late
+  layers carry a few massive-activation features hundreds of times larger than the rest, and AdamW moves
+  every weight of ``fc`` by about the same step);
+* ``hidden-l1``, ``hidden-l1x5``: the loss adds λ = 1 or 5 times a smooth-L1 regression of the draft's
+  final-normed hidden state onto the target's at the same position (EAGLE's feature loss; the target's
+  hidden state is in the corpus already, and the LM head maps both to logits);
+* ``init-target``: the two draft layers start from the target's first two decoder layers (q/k norms at 1);
+* ``lr-3e-3``: three times the learning rate.
+
+The data are the ``--sequences`` shortest sequences of the recipe's answer archive (short sequences keep a
+step cheap), ordered and split as the recipe orders and splits its corpus: the last ``--held-out`` in
+that order are held out. Features are rebuilt into the recipe's corpus cache (shared with ``train``).
+Runs go two at a time on one thread each (``--jobs``), in fp32 (on CPUs without fast bf16 units fp32 is
+the faster of the two; the variants compare with each other, not with the recipe's bf16 run).
+
+    python benchmarks/bench_ablations.py [--steps 250] [--sequences 1056] [--out benchmarks/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.environment import write_result  # noqa: E402
+
+VARIANTS = {
+    "recipe": {},
+    "recipe-seed1": {"seed": 1},
+    "tap-rms": {"tap_rms": True},
+    "hidden-l1": {"hidden_weight": 1.0},
+    "hidden-l1x5": {"hidden_weight": 5.0},
+    "init-target": {"init_from_target": True},
+    "lr-3e-3": {"lr": 3e-3},
+}
+
+
+def select(sequences: int, held_out: int) -> dict:
+    """Prompt keys of the ``sequences`` shortest answered sequences, in corpus order, split train / held out."""
+    from dspark.corpus import corpus_order, load_answers
+
+    answers = load_answers(_archive())
+    shortest = sorted(range(len(answers.keys)), key=lambda i: len(answers.sequences[i]))[:sequences]
+    chosen = {int(answers.keys[i]) for i in shortest}
+    order = [k for k in corpus_order(len(_prompts())) if k in chosen]
+    if len(order) <= held_out:
+        raise ValueError(f"{len(order)} sequences cannot hold out {held_out}")
+    return {"train": order[:-held_out], "held_out": order[-held_out:]}
+
+
+def _archive() -> Path:
+    return Path(__file__).resolve().parent / "recipes" / "smollm2_drafter.answers.npz"
+
+
+def _prompts():
+    from dspark.data import load_training_prompts
+
+    return load_training_prompts(None)
+
+
+def _corpus_dir() -> Path:
+    from dspark.target import cache_root
+
+    return cache_root() / "training" / "corpus-bf16-192"
+
+
+def rebuild(keys: list[int]) -> None:
+    from dspark.corpus import rebuild_corpus
+    from dspark.target import load_default_target
+
+    rebuild_corpus(load_default_target(dtype=torch.bfloat16), _prompts(), _archive(), _corpus_dir(),
+                   max_new_tokens=192, keys=keys, progress=True)
+
+
+def run_variant(name: str, split: dict, steps: int, eval_every: int) -> dict:
+    """Train one variant in this process (one thread) and return its held-out curve."""
+    import torch.nn.functional as F
+
+    from dspark.corpus import load_corpus
+    from dspark.drafter import DSparkDrafter
+    from dspark.loss import dspark_loss
+    from dspark.target import load_default_target
+    from dspark.training import OfflineFeatures, TrainConfig, Trainer, tune_cpu_allocator
+    from dspark.vocab import build_draft_vocab, token_counts
+
+    settings = {"seed": 0, "lr": 1e-3, "tap_rms": False, "hidden_weight": 0.0, "init_from_target": False,
+                **VARIANTS[name]}
+    torch.set_num_threads(1)
+    tune_cpu_allocator()
+    samples = load_corpus(_corpus_dir(), split["train"] + split["held_out"])
+    train, held_out = samples[:len(split["train"])], samples[len(split["train"]):]
+    target = load_default_target()
+    torch.manual_seed(settings["seed"])
+    config = target.drafter_config(block_size=7, num_draft_layers=2, markov_rank=32, enable_confidence_head=True,
+                                   confidence_head_with_markov=True, draft_vocab_size=16384)
+    drafter = DSparkDrafter(config)
+    drafter.set_draft_vocab(build_draft_vocab(token_counts([s.token_ids[s.loss_mask] for s in train],
+                                                           target.vocab_size), 16384, always=[target.eos_token_id]))
+    drafter.load_target_embeddings(target.embed_weight(), target.lm_head_weight())
+    source = OfflineFeatures(_corpus_dir(), target.tap_layers, target.hidden_size)
+    if settings["tap_rms"]:
+        squares, rows = 0.0, 0
+        for sample in train:
+            taps, _ = source.features(sample.key, sample)
+            squares, rows = squares + taps[1:].double().pow(2).sum(0), rows + taps.shape[0] - 1  # 0: attention sink
+        # fc(x / s): a reparameterisation of fc (it could fold 1 / s into its weights), not a new function class
+        source = _Scaled(source, (squares / rows).sqrt().float().clamp(min=1e-6))
+    if settings["init_from_target"]:
+        with torch.no_grad():
+            for layer, origin in zip(drafter.layers, target.layers):
+                missing, unexpected = layer.load_state_dict(origin.state_dict(), strict=False)
+                if unexpected or set(missing) != {"self_attn.q_norm.weight", "self_attn.k_norm.weight"}:
+                    raise ValueError(f"target layers do not map onto draft layers: {missing}, {unexpected}")
+    weight = settings["hidden_weight"]
+
+    class HiddenRegression(Trainer):
+        """The recipe's loss plus ``weight`` × smooth-L1(draft hidden, target hidden) over supervised slots."""
+
+        def _loss(self, blocks, normalizer, lm_head=None):
+            with self._autocast():
+                hidden, features, conf = self.drafter.training_outputs(
+                    blocks.anchor_ids[None], blocks.anchor_pos[None], blocks.taps[None], blocks.next_ids[None],
+                    blocks.block_valid[None])
+            d = hidden.shape[-1]
+            out = dspark_loss(
+                hidden.reshape(-1, d), self._loss_head() if lm_head is None else lm_head,
+                blocks.target_hidden.reshape(-1, d), self.target_lm_head, blocks.labels.reshape(-1),
+                blocks.weights.reshape(-1), markov_emb=features.reshape(-1, features.shape[-1]),
+                markov_w2=self.drafter.markov_head.markov_w2.weight, confidence_logits=conf.reshape(-1),
+                normalizer=normalizer, **self.config.loss_weights())
+            regression = F.smooth_l1_loss(hidden[0].float(), blocks.target_hidden.float(), reduction="none").mean(-1)
+            out.loss = out.loss + weight * (regression * blocks.weights).sum() / normalizer
+            return out
+
+    train_config = TrainConfig(steps=steps, objective="dspark", num_anchors=48, lr=settings["lr"],
+                               sequences_per_step=4, eval_every=eval_every, precision="fp32", seed=settings["seed"])
+    trainer = (HiddenRegression if weight else Trainer)(drafter, target.lm_head_weight(), source, train,
+                                                        train_config, held_out=held_out)
+    start = time.perf_counter()
+    history = trainer.fit(progress=False)
+    curve = [{k: row[k] for k in ("step", "answer_tokens_seen", "eval_tau_prob", "eval_accuracy", "eval_ce")}
+             for row in history if "eval_tau_prob" in row]
+    return {"variant": name, "settings": settings, "seconds": time.perf_counter() - start, "curve": curve}
+
+
+class _Scaled:
+    """A feature source whose taps are divided by ``scale`` (what ``fc`` then sees)."""
+
+    def __init__(self, source, scale: torch.Tensor):
+        self.source, self.scale = source, scale
+
+    def features(self, index, sample):
+        taps, hidden = self.source.features(index, sample)
+        return taps / self.scale, hidden
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=250)
+    parser.add_argument("--eval-every", type=int, default=125)
+    parser.add_argument("--sequences", type=int, default=1056)
+    parser.add_argument("--held-out", type=int, default=48)
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--jobs", type=int, default=2, help="variants trained at once, one thread each")
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.steps < 1 or args.jobs < 1:
+        raise SystemExit("--steps and --jobs must be positive")
+    split = select(args.sequences, args.held_out)
+    if args.worker:
+        print(json.dumps(run_variant(args.worker, split, args.steps, args.eval_every)))
+        return 0
+    rebuild(split["train"] + split["held_out"])
+    runs, pending, started = [], list(args.variants), time.perf_counter()
+    active: list[tuple[str, subprocess.Popen]] = []
+    while pending or active:
+        while pending and len(active) < args.jobs:
+            name = pending.pop(0)
+            command = [sys.executable, __file__, "--worker", name, "--steps", str(args.steps), "--eval-every",
+                       str(args.eval_every), "--sequences", str(args.sequences), "--held-out", str(args.held_out)]
+            active.append((name, subprocess.Popen(command, stdout=subprocess.PIPE, text=True)))
+        name, process = active.pop(0)
+        stdout, _ = process.communicate()
+        if process.returncode != 0:
+            raise SystemExit(f"variant {name} failed (exit {process.returncode})")
+        run = json.loads(stdout.strip().splitlines()[-1])
+        runs.append(run)
+        final = run["curve"][-1]
+        elapsed = time.perf_counter() - started
+        eta = elapsed / len(runs) * (len(args.variants) - len(runs))
+        print(f"{name:>14}: tau_prob {final['eval_tau_prob']:.3f}, slot-1 accuracy {final['eval_accuracy'][0]:.3f} "
+              f"({run['seconds']:.0f} s; {len(runs)}/{len(args.variants)} done after {elapsed / 60:.1f} min, "
+              f"about {eta / 60:.0f} min left)", flush=True)
+    payload = {"steps": args.steps, "sequences": args.sequences, "held_out": args.held_out,
+               "train_sequences": len(split["train"]), "runs": runs}
+    path = write_result("training_ablations_cpu", payload, args.out)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
