@@ -27,7 +27,7 @@ from dspark.drafter import DraftOutput
 from dspark.metrics import AcceptanceStats
 from dspark.sampling import sample_from_probs, warp_logits
 from dspark.scheduler import FixedLength, Scheduler, SPSTable
-from dspark.verify import verify, verify_greedy
+from dspark.verify import VerifyOutput, verify, verify_greedy
 
 
 @dataclass
@@ -408,7 +408,8 @@ class SpeculativeDecoder:
         self.steps += 1
         return counts
 
-    def _verify(self, logits: torch.Tensor, draft: DraftOutput | None, verify_len: torch.Tensor, slots: int):
+    def _verify(self, logits: torch.Tensor, draft: DraftOutput | None, verify_len: torch.Tensor,
+                slots: int) -> VerifyOutput:
         """Rejection-sample the round from the verify pass's ``logits [R, width, V]``; ``slots`` ≥ 1 drafted
         slots are handed to the verifier (with ℓ = 0 everywhere only target row 0 is read)."""
         config, num, device = self.config, len(verify_len), verify_len.device
