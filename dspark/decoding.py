@@ -9,7 +9,7 @@ One speculative round for the active requests (method.md §1):
    distributions, confidences and survivals;
 2. ``schedule``: the policy picks verify lengths ℓ_r ≤ min(γ, tokens left − 1);
 3. ``verify``: the target reads ``[x_0, x_1..x_ℓ]`` in one pass, rejection sampling keeps a prefix of n drafts
-   and draws one correction or bonus token;
+   and draws one correction or bonus token (greedy decoding compares argmaxes instead, which is the same);
 4. the target's cache keeps the slots of ``[x_0, x_1..x_n]`` (the rejected ones are rolled back) and the
    drafter's context cache grows by their tap features, n + 1 rows.
 """
@@ -283,7 +283,8 @@ class SpeculativeDecoder:
             :class:`dspark.eagle3.Eagle3Drafter`; without a confidence head every slot has confidence 1).
         config: sampling settings shared by drafter and target (the drafter samples from the same warp).
         scheduler: verify-length policy; default sends all γ drafts (``FixedLength(γ)``).
-        backend: backend of the drafter's ops and of verification.
+        backend: backend of the drafter's ops and of verification (greedy verification compares argmaxes,
+            :func:`dspark.verify.verify_greedy`, in PyTorch whatever the backend).
         record_rounds: keep every round's raw confidence logits, verified and accepted counts in
             ``self.rounds`` (the data STS calibration fits, method.md §5.2).
     """

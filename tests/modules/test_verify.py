@@ -191,8 +191,8 @@ def test_rows_that_are_not_distributions_are_refused(backend):
     seed=st.integers(0, 2**31),
 )
 def test_verify_greedy_equals_verify_on_one_hot_distributions(requests, gamma, vocab, eos, seed):
-    """Small vocabularies and a two-token alphabet for the drafts make matches, EOS and ℓ = 0 common; target
-    logits with exact ties check that both paths take the first argmax."""
+    """Small vocabularies and drafts that mostly match the target make long accepted prefixes, an EOS (token 0 or
+    1) and ℓ = 0 common; integer logits make exact ties, which both paths must break at the first argmax."""
     gen = torch.Generator().manual_seed(seed)
     logits = torch.randint(0, 3, (requests, gamma + 1, vocab), generator=gen).double()
     target_tokens = logits.argmax(-1)
