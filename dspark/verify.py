@@ -105,20 +105,10 @@ def _verify_torch(draft_tokens, draft_probs, target_probs, verify_len, accept_un
     q = draft_probs.gather(-1, draft_tokens[..., None]).squeeze(-1).to(compute)
     p = target_probs[:, :gamma].gather(-1, draft_tokens[..., None]).squeeze(-1).to(compute)
     passed = (accept_uniforms.to(compute) * q < p) & (slots < verify_len[:, None])
-    accepted = passed.to(torch.int64).cumprod(-1).bool()
-    ended_by_eos = torch.zeros_like(accepted[:, 0])
-    if eos is not None:
-        # Nothing after an accepted EOS counts: keep slots up to and including the first one.
-        accepted_eos = (draft_tokens == eos) & accepted
-        accepted = accepted & ((accepted_eos.cumsum(-1) - accepted_eos.long()) == 0)
-        ended_by_eos = accepted_eos.any(-1)
+    accepted, ended_by_eos = _accepted_prefix(passed, draft_tokens, eos)
     num_accepted = accepted.sum(-1)
     rejected = (num_accepted < verify_len) & ~ended_by_eos
-
-    outcome = torch.full((num_requests, gamma), NOT_REACHED, dtype=torch.int8, device=draft_probs.device)
-    outcome[accepted] = ACCEPTED
     reject_slot = num_accepted.clamp(max=gamma - 1)
-    outcome[rows[rejected], reject_slot[rejected]] = REJECTED
 
     target_row = target_probs[rows, num_accepted].to(compute)  # p_n: predicts the token after x_n
     draft_row = draft_probs[rows, reject_slot].to(compute)
@@ -126,14 +116,7 @@ def _verify_torch(draft_tokens, draft_probs, target_probs, verify_len, accept_un
     use_residual = rejected & (fixed_point(residual).sum(-1) > RESIDUAL_EPS_FIXED)
     final_dist = torch.where(use_residual[:, None], residual, target_row)
     next_token = sample_from_probs(final_dist, final_uniforms.to(compute))
-    next_token = torch.where(ended_by_eos, torch.full_like(next_token, -1), next_token)
-
-    committed = torch.full((num_requests, gamma + 1), -1, dtype=torch.long, device=draft_probs.device)
-    committed[:, :gamma] = torch.where(accepted, draft_tokens, committed[:, :gamma])
-    committed[rows, num_accepted] = torch.where(ended_by_eos, committed[rows, num_accepted], next_token)
-    num_committed = num_accepted + (~ended_by_eos).to(num_accepted.dtype)
-    finished = ended_by_eos if eos is None else ended_by_eos | (next_token == eos)
-    return VerifyOutput(num_accepted, outcome, next_token, committed, num_committed, finished)
+    return _round_output(draft_tokens, accepted, ended_by_eos, rejected, next_token, eos)
 
 
 def verify_greedy(draft_tokens: torch.Tensor, target_tokens: torch.Tensor, verify_len: torch.Tensor, *,
@@ -167,28 +150,46 @@ def verify_greedy(draft_tokens: torch.Tensor, target_tokens: torch.Tensor, verif
     if eos_token_id is not None and (isinstance(eos_token_id, bool) or not isinstance(eos_token_id, int)
                                      or eos_token_id < 0):
         raise ValueError(f"eos_token_id must be a non-negative int or None, got {eos_token_id!r}")
-    device = draft_tokens.device
-    rows = torch.arange(num_requests, device=device)
-    slots = torch.arange(gamma, device=device)
-    accepted = ((draft_tokens == target_tokens[:, :gamma]) & (slots < verify_len[:, None])).cumprod(-1).bool()
-    ended_by_eos = torch.zeros_like(accepted[:, 0])
-    if eos_token_id is not None:
-        accepted_eos = (draft_tokens == eos_token_id) & accepted
-        accepted = accepted & ((accepted_eos.cumsum(-1) - accepted_eos.long()) == 0)
-        ended_by_eos = accepted_eos.any(-1)
+    rows = torch.arange(num_requests, device=draft_tokens.device)
+    slots = torch.arange(gamma, device=draft_tokens.device)
+    passed = (draft_tokens == target_tokens[:, :gamma]) & (slots < verify_len[:, None])
+    accepted, ended_by_eos = _accepted_prefix(passed, draft_tokens, eos_token_id)
     num_accepted = accepted.sum(-1)
     rejected = (num_accepted < verify_len) & ~ended_by_eos
+    return _round_output(draft_tokens, accepted, ended_by_eos, rejected, target_tokens[rows, num_accepted],
+                         eos_token_id)
 
-    outcome = torch.full((num_requests, gamma), NOT_REACHED, dtype=torch.int8, device=device)
+
+def _accepted_prefix(passed: torch.Tensor, draft_tokens: torch.Tensor, eos: int | None):
+    """``[R, γ]`` accepted slots (those before the first failed test) and ``[R]`` whether an EOS was accepted.
+
+    Nothing after an accepted EOS counts, so the prefix is cut just after the first one.
+    """
+    accepted = passed.to(torch.int64).cumprod(-1).bool()
+    ended_by_eos = torch.zeros_like(accepted[:, 0])
+    if eos is not None:
+        accepted_eos = (draft_tokens == eos) & accepted
+        accepted = accepted & ((accepted_eos.cumsum(-1) - accepted_eos.long()) == 0)
+        ended_by_eos = accepted_eos.any(-1)
+    return accepted, ended_by_eos
+
+
+def _round_output(draft_tokens: torch.Tensor, accepted: torch.Tensor, ended_by_eos: torch.Tensor,
+                  rejected: torch.Tensor, next_token: torch.Tensor, eos: int | None) -> VerifyOutput:
+    """Assemble a round's :class:`VerifyOutput` from its accepted prefix and its correction or bonus token."""
+    num_requests, gamma = draft_tokens.shape
+    rows = torch.arange(num_requests, device=draft_tokens.device)
+    num_accepted = accepted.sum(-1)
+    outcome = torch.full((num_requests, gamma), NOT_REACHED, dtype=torch.int8, device=draft_tokens.device)
     outcome[accepted] = ACCEPTED
     outcome[rows[rejected], num_accepted.clamp(max=gamma - 1)[rejected]] = REJECTED
-    next_token = torch.where(ended_by_eos, torch.full_like(num_accepted, -1), target_tokens[rows, num_accepted])
+    next_token = torch.where(ended_by_eos, torch.full_like(next_token, -1), next_token)
 
-    committed = torch.full((num_requests, gamma + 1), -1, dtype=torch.long, device=device)
+    committed = torch.full((num_requests, gamma + 1), -1, dtype=torch.long, device=draft_tokens.device)
     committed[:, :gamma] = torch.where(accepted, draft_tokens, committed[:, :gamma])
     committed[rows, num_accepted] = torch.where(ended_by_eos, committed[rows, num_accepted], next_token)
     num_committed = num_accepted + (~ended_by_eos).to(num_accepted.dtype)
-    finished = ended_by_eos if eos_token_id is None else ended_by_eos | (next_token == eos_token_id)
+    finished = ended_by_eos if eos is None else ended_by_eos | (next_token == eos)
     return VerifyOutput(num_accepted, outcome, next_token, committed, num_committed, finished)
 
 
