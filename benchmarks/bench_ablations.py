@@ -16,13 +16,17 @@ same held-out sequences:
   final-normed hidden state onto the target's at the same position (EAGLE's feature loss; the target's
   hidden state is in the corpus already, and the LM head maps both to logits);
 * ``init-target``: the two draft layers start from the target's first two decoder layers (q/k norms at 1);
-* ``lr-3e-3``: three times the learning rate.
+* ``lr-3e-3``: three times the learning rate;
+* ``dflash``, ``dflash-seed1``: the DFlash baseline at the same data, steps and draft vocabulary (no
+  Markov head, no confidence head, cross-entropy only), twice, so DSpark's lead over it is read against
+  the seed noise of both.
 
 The data are the ``--sequences`` shortest sequences of the recipe's answer archive (short sequences keep a
 step cheap), ordered and split as the recipe orders and splits its corpus: the last ``--held-out`` in
 that order are held out. Features are rebuilt into the recipe's corpus cache (shared with ``train``).
 Runs go two at a time on one thread each (``--jobs``), in fp32 (on CPUs without fast bf16 units fp32 is
-the faster of the two; the variants compare with each other, not with the recipe's bf16 run).
+the faster of the two; the variants compare with each other, not with the recipe's run). Features come from
+the target in :func:`dspark.training.fastest_precision` on this machine, and the result records which.
 
     python benchmarks/bench_ablations.py [--steps 250] [--sequences 1056] [--out benchmarks/results]
 """
@@ -50,6 +54,8 @@ VARIANTS = {
     "hidden-l1x5": {"hidden_weight": 5.0},
     "init-target": {"init_from_target": True},
     "lr-3e-3": {"lr": 3e-3},
+    "dflash": {"objective": "dflash"},
+    "dflash-seed1": {"objective": "dflash", "seed": 1},
 }
 
 
@@ -76,21 +82,23 @@ def _prompts():
     return load_training_prompts(None)
 
 
-def _corpus_dir() -> Path:
+def _corpus_dir(precision: str) -> Path:
     from dspark.target import cache_root
+    from dspark.training import recipe_corpus_dir
 
-    return cache_root() / "training" / "corpus-bf16-192"
+    return recipe_corpus_dir(cache_root() / "training", precision, 192)
 
 
-def rebuild(keys: list[int]) -> None:
+def rebuild(keys: list[int], precision: str) -> None:
     from dspark.corpus import rebuild_corpus
     from dspark.target import load_default_target
 
-    rebuild_corpus(load_default_target(dtype=torch.bfloat16), _prompts(), _archive(), _corpus_dir(),
-                   max_new_tokens=192, keys=keys, progress=True)
+    target = load_default_target(dtype=torch.bfloat16 if precision == "bf16" else torch.float32)
+    rebuild_corpus(target, _prompts(), _archive(), _corpus_dir(precision), max_new_tokens=192, keys=keys,
+                   progress=True)
 
 
-def run_variant(name: str, split: dict, steps: int, eval_every: int) -> dict:
+def run_variant(name: str, split: dict, steps: int, eval_every: int, features: str) -> dict:
     """Train one variant in this process (one thread) and return its held-out curve."""
     import torch.nn.functional as F
 
@@ -101,21 +109,23 @@ def run_variant(name: str, split: dict, steps: int, eval_every: int) -> dict:
     from dspark.training import OfflineFeatures, TrainConfig, Trainer, tune_cpu_allocator
     from dspark.vocab import build_draft_vocab, token_counts
 
-    settings = {"seed": 0, "lr": 1e-3, "tap_rms": False, "hidden_weight": 0.0, "init_from_target": False,
-                **VARIANTS[name]}
+    settings = {"objective": "dspark", "seed": 0, "lr": 1e-3, "tap_rms": False, "hidden_weight": 0.0,
+                "init_from_target": False, **VARIANTS[name]}
+    is_dspark = settings["objective"] == "dspark"
     torch.set_num_threads(1)
     tune_cpu_allocator()
-    samples = load_corpus(_corpus_dir(), split["train"] + split["held_out"])
+    samples = load_corpus(_corpus_dir(features), split["train"] + split["held_out"])
     train, held_out = samples[:len(split["train"])], samples[len(split["train"]):]
     target = load_default_target()
     torch.manual_seed(settings["seed"])
-    config = target.drafter_config(block_size=7, num_draft_layers=2, markov_rank=32, enable_confidence_head=True,
-                                   confidence_head_with_markov=True, draft_vocab_size=16384)
+    config = target.drafter_config(block_size=7, num_draft_layers=2, markov_rank=32 if is_dspark else 0,
+                                   enable_confidence_head=is_dspark, confidence_head_with_markov=is_dspark,
+                                   draft_vocab_size=16384)
     drafter = DSparkDrafter(config)
     drafter.set_draft_vocab(build_draft_vocab(token_counts([s.token_ids[s.loss_mask] for s in train],
                                                            target.vocab_size), 16384, always=[target.eos_token_id]))
     drafter.load_target_embeddings(target.embed_weight(), target.lm_head_weight())
-    source = OfflineFeatures(_corpus_dir(), target.tap_layers, target.hidden_size)
+    source = OfflineFeatures(_corpus_dir(features), target.tap_layers, target.hidden_size)
     if settings["tap_rms"]:
         squares, rows = 0.0, 0
         for sample in train:
@@ -150,7 +160,7 @@ def run_variant(name: str, split: dict, steps: int, eval_every: int) -> dict:
             out.loss = out.loss + weight * (regression * blocks.weights).sum() / normalizer
             return out
 
-    train_config = TrainConfig(steps=steps, objective="dspark", num_anchors=48, lr=settings["lr"],
+    train_config = TrainConfig(steps=steps, objective=settings["objective"], num_anchors=48, lr=settings["lr"],
                                sequences_per_step=4, eval_every=eval_every, precision="fp32", seed=settings["seed"])
     trainer = (HiddenRegression if weight else Trainer)(drafter, target.lm_head_weight(), source, train,
                                                         train_config, held_out=held_out)
@@ -182,21 +192,26 @@ def main(argv=None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="variants trained at once, one thread each")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--features", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.steps < 1 or args.jobs < 1:
         raise SystemExit("--steps and --jobs must be positive")
     split = select(args.sequences, args.held_out)
     if args.worker:
-        print(json.dumps(run_variant(args.worker, split, args.steps, args.eval_every)))
+        print(json.dumps(run_variant(args.worker, split, args.steps, args.eval_every, args.features)))
         return 0
-    rebuild(split["train"] + split["held_out"])
+    from dspark.training import fastest_precision
+
+    features = fastest_precision("cpu")
+    rebuild(split["train"] + split["held_out"], features)
     runs, pending, started = [], list(args.variants), time.perf_counter()
     active: list[tuple[str, subprocess.Popen]] = []
     while pending or active:
         while pending and len(active) < args.jobs:
             name = pending.pop(0)
             command = [sys.executable, __file__, "--worker", name, "--steps", str(args.steps), "--eval-every",
-                       str(args.eval_every), "--sequences", str(args.sequences), "--held-out", str(args.held_out)]
+                       str(args.eval_every), "--sequences", str(args.sequences), "--held-out", str(args.held_out),
+                       "--features", features]
             active.append((name, subprocess.Popen(command, stdout=subprocess.PIPE, text=True)))
         name, process = active.pop(0)
         stdout, _ = process.communicate()
@@ -210,7 +225,7 @@ def main(argv=None) -> int:
         print(f"{name:>14}: tau_prob {final['eval_tau_prob']:.3f}, slot-1 accuracy {final['eval_accuracy'][0]:.3f} "
               f"({run['seconds']:.0f} s; {len(runs)}/{len(args.variants)} done after {elapsed / 60:.1f} min, "
               f"about {eta / 60:.0f} min left)", flush=True)
-    payload = {"steps": args.steps, "sequences": args.sequences, "held_out": args.held_out,
+    payload = {"steps": args.steps, "sequences": args.sequences, "held_out": args.held_out, "features": features,
                "train_sequences": len(split["train"]), "runs": runs}
     path = write_result("training_ablations_cpu", payload, args.out)
     print(f"wrote {path}")

@@ -57,7 +57,7 @@ def _train_settings(args) -> dict:
             loaded["answers"] = str(Path(args.config).resolve().parent / loaded["answers"])
         settings.update(loaded)
     flags = {"objective": args.objective, "steps": args.steps, "num_prompts": args.prompts,
-             "num_draft_layers": args.layers, "block_size": args.block_size}
+             "num_draft_layers": args.layers, "block_size": args.block_size, "precision": args.precision}
     settings.update({k: v for k, v in flags.items() if v is not None})
     return settings
 
@@ -82,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("--prompts", type=int, default=None,
                        help="size of the ShareGPT prompt pool (default: all, about 7,700); all of them are "
                             "answered unless a config's corpus_samples keeps fewer (a prefix of a seeded shuffle)")
+    train.add_argument("--precision", choices=["auto", "bf16", "fp32"], default=None,
+                       help="the answering target's and the training's dtype (default auto: bf16 where this "
+                            "machine runs it faster than fp32)")
     train.add_argument("--output", default=None, help="default: the cache the demo reads")
     export = sub.add_parser("export", help="write a trained drafter in the speculators format vLLM serves")
     export.add_argument("--drafter", default=None, help="dspark drafter directory (default: the demo's)")

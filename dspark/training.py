@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import datetime
+import functools
 import json
 import math
 import os
@@ -231,7 +232,8 @@ class TrainConfig:
 
     ``precision``: ``bf16`` runs the drafter under bf16 autocast and the loss's vocabulary products on bf16
     operands (softmax, CE, L1 and the weights' updates stay fp32); ``fp32`` runs everything in fp32;
-    ``auto`` is bf16 on a GPU and fp32 on a CPU. On CPUs with bf16 units ``bf16`` is about twice as fast.
+    ``auto`` is bf16 on a GPU and fp32 on a CPU. On CPUs with bf16 units ``bf16`` is about twice as fast;
+    on CPUs without them it is emulated and far slower (:func:`fastest_precision` measures which).
     """
 
     steps: int = 200
@@ -589,11 +591,42 @@ class Trainer:
 # The recipe for the default target
 
 
+@functools.cache
+def fastest_precision(device: str = "cpu") -> str:
+    """``"bf16"`` where bf16 matrix products run faster than fp32 ones on ``device``, else ``"fp32"``.
+
+    A GPU answers bf16. CPUs differ by two orders of magnitude: with bf16 units (AMX, AVX-512 BF16) a bf16
+    product is about twice as fast as an fp32 one, while on AVX2-only CPUs PyTorch emulates bf16 and runs it
+    tens of times slower (70× on a 2-core AVX2 EPYC). So on a CPU a product of the drafter's MLP shape is
+    timed in both, once per process.
+    """
+    if torch.device(device).type == "cuda":
+        return "bf16"
+    best = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        a, b = torch.randn(128, 576, dtype=dtype), torch.randn(576, 768, dtype=dtype)
+        a @ b  # the first call pays one-time dispatch and packing costs
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            a @ b
+            times.append(time.perf_counter() - start)
+        best[dtype] = min(times)
+    return "bf16" if best[torch.bfloat16] < best[torch.float32] else "fp32"
+
+
+def recipe_corpus_dir(work: Path, precision: str, max_new_tokens: int, num_prompts: int | None = None) -> Path:
+    """Where the recipe caches the corpus the target answered (or rebuilt) in ``precision`` (bf16 or fp32)."""
+    return work / (f"corpus-{precision}-{max_new_tokens}" + ("" if num_prompts is None else f"-{num_prompts}"))
+
+
+
+
 def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "dspark", num_prompts: int | None = None,
                           corpus_samples: int | None = None, max_new_tokens: int = 192, steps: int = 4000,
                           num_draft_layers: int = 2, markov_rank: int = 32, block_size: int = 7, num_anchors: int = 48,
                           sequences_per_step: int = 4, draft_vocab_size: int | None = 16384, lr: float = 1e-3,
-                          precision: str = "bf16", held_out: int = 48, eval_every: int = 200,
+                          precision: str = "auto", held_out: int = 48, eval_every: int = 200,
                           seed: int = 0, answers: str | os.PathLike | None = None,
                           work_dir: str | os.PathLike | None = None, calibrate: bool = True,
                           progress: bool = True) -> Path:
@@ -601,8 +634,8 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
 
     Phases, each timed into the drafter's metadata (``run.seconds``) and resumable:
 
-    1. ``corpus``: the target (bf16, about 2.3× faster than fp32 on CPUs with bf16 units; its answers and
-       features differ from the fp32 target's only by rounding) answers ``num_prompts`` prompts (all ShareGPT
+    1. ``corpus``: the target (in ``precision``; its answers and features in bf16 differ from the fp32
+       target's only by rounding) answers ``num_prompts`` prompts (all ShareGPT
        first turns of up to 600 characters by default) greedily, with ``max_new_tokens`` at most, and its
        features are captured while it answers (:func:`dspark.corpus.build_corpus`). ``corpus_samples``
        keeps the first that many prompts of the corpus's shuffled order (a time budget that any later run
@@ -616,6 +649,10 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
        ``eval_every`` steps (and resuming from the last checkpoint), evaluating τ_prob on the ``held_out``
        sequences (the highest prompt indices) against the answer tokens seen so far.
     4. ``calibrate`` (DSpark only): STS temperatures from held-out decoding with the fp32 target.
+
+    ``precision`` (``bf16``, ``fp32`` or ``auto``) is the answering target's dtype and the training's;
+    ``auto`` takes :func:`fastest_precision` on this machine: bf16 is about 2.3× faster than fp32 on CPUs with
+    bf16 units and tens of times slower on CPUs without. Corpora of the two precisions are cached apart.
 
     ``seed`` sets the drafter's initial weights and the anchors each step samples; the data and its order do
     not depend on it, so runs that differ only in ``seed`` measure the spread that training noise alone gives.
@@ -635,10 +672,12 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     clock: dict[str, float] = {}
     work = Path(work_dir) if work_dir else cache_root() / "training"
     t0 = time.perf_counter()
-    corpus_dir = work / f"corpus-bf16-{max_new_tokens}" if num_prompts is None else \
-        work / f"corpus-bf16-{max_new_tokens}-{num_prompts}"
+    if precision not in ("auto", "fp32", "bf16"):
+        raise ValueError(f"precision must be 'auto', 'fp32' or 'bf16', got {precision!r}")
+    resolved = fastest_precision("cpu") if precision == "auto" else precision
+    corpus_dir = recipe_corpus_dir(work, resolved, max_new_tokens, num_prompts)
     prompts = load_training_prompts(num_prompts)
-    answering = load_default_target(dtype=torch.bfloat16)
+    answering = load_default_target(dtype=torch.bfloat16 if resolved == "bf16" else torch.float32)
     if answers is not None:
         rebuild_corpus(answering, prompts, answers, corpus_dir, max_new_tokens=max_new_tokens,
                        keys=corpus_order(len(prompts))[:corpus_samples], progress=progress)
@@ -686,10 +725,10 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     source = OfflineFeatures(corpus_dir, target.tap_layers, target.hidden_size)
     train_config = TrainConfig(steps=steps, objective=objective, num_anchors=num_anchors, lr=lr,
                                sequences_per_step=sequences_per_step, eval_every=eval_every,
-                               checkpoint_every=eval_every, precision=precision, seed=seed)
+                               checkpoint_every=eval_every, precision=resolved, seed=seed)
     trainer = Trainer(drafter, target.lm_head_weight(), source, train, train_config, held_out=evaluation)
     name = f"checkpoint-{objective}-layers{num_draft_layers}-block{block_size}-steps{steps}-" \
-           f"vocab{vocab_size or 'full'}-{len(samples)}seq" + (f"-seed{seed}" if seed else "")
+           f"vocab{vocab_size or 'full'}-{len(samples)}seq-{resolved}" + (f"-seed{seed}" if seed else "")
     checkpoint = work / name
     if (checkpoint / "trainer_state.json").exists():
         trainer.resume(checkpoint, target)
