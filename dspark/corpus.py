@@ -343,19 +343,23 @@ def rebuild_corpus(target, prompts: list[str] | list[list[int]], answers: str | 
     :func:`build_corpus` records are compared, and every prompt is re-encoded and compared with the stored one),
     so the result is the corpus :func:`build_corpus` would write, with features from one forward over each
     whole sequence instead of a prefill and one decode step per answer token (the same features up to
-    rounding). ``keys`` keeps only those prompt indices. Resumable: samples on disk are kept. The manifest
-    keeps the answering runs' record and adds this rebuild to its ``rebuilds``. Returns the answer tokens
-    rebuilt and the time.
+    rounding). The target may run in another dtype than the one that answered (fp32 on a CPU that emulates
+    bf16): its features then differ from the answering target's by rounding, and the manifest records its
+    dtype as ``features_target_dtype``. ``keys`` keeps only those prompt indices. Resumable: samples on
+    disk are kept. The manifest keeps the answering runs' record and adds this rebuild to its ``rebuilds``.
+    Returns the answer tokens rebuilt and the time.
     """
     if batch_size < 1:
         raise ValueError("batch_size must be positive")
     stored = load_answers(answers)
     settings = stored.manifest.get("settings", {})
     expected = _settings(target, prompts, max_new_tokens, seed, dtype)
-    if settings != expected:
-        differ = sorted(k for k in set(settings) | set(expected) if settings.get(k) != expected.get(k))
+    differ = sorted(k for k in set(settings) | set(expected) if settings.get(k) != expected.get(k))
+    if differ and differ != ["target_dtype"]:
         raise ValueError(f"the answers at {answers} were made with other settings (differing: {differ}); "
                          "answer these prompts with build_corpus instead")
+    if differ:
+        settings = {**settings, "features_target_dtype": expected["target_dtype"]}
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     manifest = _open_manifest(directory, settings, stored.manifest.get("runs"))

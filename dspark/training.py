@@ -665,7 +665,7 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     shared weights.
     """
     from dspark.checkpoint import save_drafter
-    from dspark.corpus import build_corpus, corpus_order, load_corpus, rebuild_corpus
+    from dspark.corpus import build_corpus, corpus_order, load_corpus, rebuild_corpus, sample_path
     from dspark.data import load_training_prompts
     from dspark.target import cache_root, load_default_target
 
@@ -678,11 +678,13 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     corpus_dir = recipe_corpus_dir(work, resolved, max_new_tokens, num_prompts)
     prompts = load_training_prompts(num_prompts)
     answering = load_default_target(dtype=torch.bfloat16 if resolved == "bf16" else torch.float32)
+    wanted = corpus_order(len(prompts))[:corpus_samples]
     if answers is not None:
-        rebuild_corpus(answering, prompts, answers, corpus_dir, max_new_tokens=max_new_tokens,
-                       keys=corpus_order(len(prompts))[:corpus_samples], progress=progress)
-    build_corpus(answering, prompts, corpus_dir, max_new_tokens=max_new_tokens, max_samples=corpus_samples,
-                 progress=progress)
+        rebuild_corpus(answering, prompts, answers, corpus_dir, max_new_tokens=max_new_tokens, keys=wanted,
+                       progress=progress)
+    if answers is None or not all(sample_path(corpus_dir, key).exists() for key in wanted):
+        build_corpus(answering, prompts, corpus_dir, max_new_tokens=max_new_tokens, max_samples=corpus_samples,
+                     progress=progress)
     del answering
     samples = load_corpus(corpus_dir, corpus_order(len(prompts))[:corpus_samples])
     if len(samples) <= held_out:

@@ -160,6 +160,36 @@ def test_a_corpus_rebuilt_from_its_answers_equals_the_answered_one(tmp_path):
                         progress=False).samples_written == 0
 
 
+def test_a_rebuild_may_take_features_from_the_target_in_another_dtype(tmp_path):
+    """Answers of the fp64 target, features of the same target in fp32 (as bf16 answers get fp32 features on
+    a CPU that emulates bf16): the tokens come back exactly, the manifest names both dtypes, and the
+    features agree to fp32 rounding (the tolerance of the first test)."""
+    import json
+
+    from dspark.corpus import rebuild_corpus, save_answers
+
+    answering = tiny_target(vocab=48)
+    answering.model.to(torch.float64)
+    prompts = _prompts(answering, count=4)
+    build_corpus(answering, prompts, tmp_path / "answered", max_new_tokens=6, batch_size=2, dtype=torch.float32,
+                 progress=False)
+    archive = save_answers(tmp_path / "answered", tmp_path / "answers.npz")
+    featuring = tiny_target(vocab=48)
+    for a, b in zip(answering.model.parameters(), featuring.model.parameters()):
+        assert torch.equal(a.float(), b)  # the same seeded weights: only the dtype differs
+    rebuild_corpus(featuring, prompts, archive, tmp_path / "rebuilt", max_new_tokens=6, dtype=torch.float32,
+                   progress=False)
+    settings = [json.loads((tmp_path / d / "corpus.json").read_text())["settings"] for d in ("answered", "rebuilt")]
+    assert settings[1] == {**settings[0], "features_target_dtype": "torch.float32"}
+    assert settings[0]["target_dtype"] == "torch.float64"
+    sources = [OfflineFeatures(tmp_path / d, answering.tap_layers, answering.hidden_size)
+               for d in ("answered", "rebuilt")]
+    for a, b in zip(load_corpus(tmp_path / "answered"), load_corpus(tmp_path / "rebuilt")):
+        assert torch.equal(a.token_ids, b.token_ids) and torch.equal(a.loss_mask, b.loss_mask)
+        for got, want in zip(sources[1].features(b.key, b), sources[0].features(a.key, a)):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
 def test_a_rebuild_refuses_other_prompts_or_a_damaged_archive(tmp_path):
     import numpy as np
 
