@@ -188,7 +188,7 @@ def test_the_recipe_at_toy_size_writes_a_drafter_that_records_its_run(real_targe
     answers, a reduced draft vocabulary) but with six sequences and two steps: the drafter loads, and its
     metadata holds the arguments, the timed phases and when it was trained."""
     from dspark.checkpoint import load_drafter
-    from dspark.training import train_default_drafter
+    from dspark.training import fastest_precision, train_default_drafter
 
     answers = Path(__file__).resolve().parents[2] / "benchmarks" / "recipes" / "smollm2_drafter.answers.npz"
     path = train_default_drafter(tmp_path / "drafter", corpus_samples=6, steps=2, num_draft_layers=1,
@@ -197,8 +197,20 @@ def test_the_recipe_at_toy_size_writes_a_drafter_that_records_its_run(real_targe
                                  progress=False)
     meta = json.loads((path / "config.json").read_text(encoding="utf-8"))["metadata"]
     assert meta["run"]["arguments"]["answers"] == answers.name
+    # "auto" is recorded as given, and the precision it resolved to on this machine is what trained.
+    assert meta["run"]["arguments"]["precision"] == "auto"
+    assert meta["run"]["train_config"]["precision"] == fastest_precision("cpu")
     assert (meta["steps"], meta["train_sequences"], meta["held_out_sequences"]) == (2, 4, 2)
     assert meta["vocab"]["draft_vocab_size"] == 256 and 0 < meta["vocab"]["train_coverage"] <= 1
     assert set(meta["run"]["seconds"]) == {"corpus", "vocab", "train"}
     assert datetime.datetime.fromisoformat(meta["trained_at"]).tzinfo is not None
     assert load_drafter(path, real_target).config.draft_vocab_size == 256
+
+
+def test_the_recipe_precision_resolves_to_a_dtype_this_machine_runs_fast(tmp_path):
+    from dspark.training import fastest_precision, train_default_drafter
+
+    assert fastest_precision("cpu") in ("bf16", "fp32")
+    assert fastest_precision("cuda") == "bf16"  # decided without timing: GPUs have bf16 units
+    with pytest.raises(ValueError, match="precision must be"):
+        train_default_drafter(tmp_path / "drafter", precision="fp16", work_dir=tmp_path / "work", progress=False)
