@@ -18,8 +18,11 @@ same held-out sequences:
 * ``init-target``: the two draft layers start from the target's first two decoder layers (q/k norms at 1);
 * ``lr-3e-3``: three times the learning rate;
 * ``dflash``, ``dflash-seed1``: the DFlash baseline at the same data, steps and draft vocabulary (no
-  Markov head, no confidence head, cross-entropy only), twice, so DSpark's lead over it is read against
-  the seed noise of both.
+  Markov head, no confidence head, cross-entropy only).
+
+``--study ablations`` (the default) trains the recipe, its second seed and the cheap changes, and writes
+``training_ablations_cpu.json``; ``--study objectives`` trains the recipe and the DFlash baseline with two
+seeds each, DSpark against DFlash at equal data and steps, and writes ``training_objectives_cpu.json``.
 
 The data are the ``--sequences`` shortest sequences of the recipe's answer archive (short sequences keep a
 step cheap), ordered and split as the recipe orders and splits its corpus: the last ``--held-out`` in
@@ -28,7 +31,8 @@ Runs go two at a time on one thread each (``--jobs``), in fp32 (on CPUs without 
 the faster of the two; the variants compare with each other, not with the recipe's run). Features come from
 the target in :func:`dspark.training.fastest_precision` on this machine, and the result records which.
 
-    python benchmarks/bench_ablations.py [--steps 250] [--sequences 1056] [--out benchmarks/results]
+    python benchmarks/bench_ablations.py [--study ablations|objectives] [--steps 250] [--sequences 1056]
+                                         [--out benchmarks/results]
 """
 
 from __future__ import annotations
@@ -56,6 +60,10 @@ VARIANTS = {
     "lr-3e-3": {"lr": 3e-3},
     "dflash": {"objective": "dflash"},
     "dflash-seed1": {"objective": "dflash", "seed": 1},
+}
+STUDIES = {
+    "ablations": ["recipe", "recipe-seed1", "tap-rms", "hidden-l1", "hidden-l1x5", "init-target", "lr-3e-3"],
+    "objectives": ["recipe", "recipe-seed1", "dflash", "dflash-seed1"],
 }
 
 
@@ -188,7 +196,9 @@ def main(argv=None) -> int:
     parser.add_argument("--eval-every", type=int, default=125)
     parser.add_argument("--sequences", type=int, default=1056)
     parser.add_argument("--held-out", type=int, default=48)
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--study", choices=list(STUDIES), default="ablations")
+    parser.add_argument("--variants", nargs="+", default=None, choices=list(VARIANTS),
+                        help="train these instead of the study's variants")
     parser.add_argument("--jobs", type=int, default=2, help="variants trained at once, one thread each")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -204,7 +214,8 @@ def main(argv=None) -> int:
 
     features = fastest_precision("cpu")
     rebuild(split["train"] + split["held_out"], features)
-    runs, pending, started = [], list(args.variants), time.perf_counter()
+    variants = args.variants or STUDIES[args.study]
+    runs, pending, started = [], list(variants), time.perf_counter()
     active: list[tuple[str, subprocess.Popen]] = []
     while pending or active:
         while pending and len(active) < args.jobs:
@@ -221,13 +232,13 @@ def main(argv=None) -> int:
         runs.append(run)
         final = run["curve"][-1]
         elapsed = time.perf_counter() - started
-        eta = elapsed / len(runs) * (len(args.variants) - len(runs))
+        eta = elapsed / len(runs) * (len(variants) - len(runs))
         print(f"{name:>14}: tau_prob {final['eval_tau_prob']:.3f}, slot-1 accuracy {final['eval_accuracy'][0]:.3f} "
-              f"({run['seconds']:.0f} s; {len(runs)}/{len(args.variants)} done after {elapsed / 60:.1f} min, "
+              f"({run['seconds']:.0f} s; {len(runs)}/{len(variants)} done after {elapsed / 60:.1f} min, "
               f"about {eta / 60:.0f} min left)", flush=True)
     payload = {"steps": args.steps, "sequences": args.sequences, "held_out": args.held_out, "features": features,
                "train_sequences": len(split["train"]), "runs": runs}
-    path = write_result("training_ablations_cpu", payload, args.out)
+    path = write_result(f"training_{args.study}_cpu", payload, args.out)
     print(f"wrote {path}")
     return 0
 
