@@ -553,7 +553,7 @@ def _objectives(out: list[str]) -> None:
         return
     out.append(f"**DSpark against DFlash at equal data and steps** (`benchmarks/bench_ablations.py --study "
                f"objectives`, measured on {machine(result)}). Both train the recipe's two-layer drafter with its "
-               f"16,384-token draft vocabulary for {num(result['steps'], 'd')} steps on the same "
+               f"reduced draft vocabulary for {num(result['steps'], 'd')} steps on the same "
                f"{num(result['train_sequences'], 'd')} sequences (features from the {result['features']} target), "
                "in fp32, one thread each; DFlash has no Markov or confidence head and trains on cross-entropy "
                "alone. Seeds 0 and 1 set the initial weights and the anchors:\n")
