@@ -1,11 +1,11 @@
-"""Cheap changes to the recipe's training, each against the recipe itself and its seed noise, at equal steps.
+"""Cheap changes to the recipe's training, and the DFlash baseline, each against the recipe and its seed noise.
 
 The recipe's drafter learns slowly: its held-out τ_prob grows by about 0.1 per doubling of the answer
 tokens it has seen (paper §7). This benchmark asks whether something cheaper than more data and steps
-makes it learn faster. Every variant trains the recipe's DSpark drafter (two layers, Markov rank 32,
-16,384-token draft vocabulary, 48 anchors per sequence, 4 sequences a step, AdamW at 1e-3 with warm-up and
-cosine to 0) from the same initial weights on the same sequences in the same order, and is evaluated on the
-same held-out sequences:
+makes it learn faster, and compares DSpark with DFlash at equal data and steps. Every variant trains the
+recipe's drafter (two layers, Markov rank 32 for DSpark, 16,384-token draft vocabulary, 48 anchors per
+sequence, 4 sequences a step, AdamW at 1e-3 with warm-up and cosine to 0) from the same initial weights on
+the same sequences in the same order, and is evaluated on the same held-out sequences:
 
 * ``recipe``: the recipe's settings; ``recipe-seed1``: the same with another seed for the initial weights
   and anchors, which sizes the noise every difference must clear;

@@ -595,7 +595,7 @@ class Trainer:
 def fastest_precision(device: str = "cpu") -> str:
     """``"bf16"`` where bf16 matrix products run faster than fp32 ones on ``device``, else ``"fp32"``.
 
-    A GPU answers bf16. CPUs differ by two orders of magnitude: with bf16 units (AMX, AVX-512 BF16) a bf16
+    On a GPU, bf16. CPUs differ by two orders of magnitude: with bf16 units (AMX, AVX-512 BF16) a bf16
     product is about twice as fast as an fp32 one, while on AVX2-only CPUs PyTorch emulates bf16 and runs it
     tens of times slower (70× on a 2-core AVX2 EPYC). So on a CPU a product of the drafter's MLP shape is
     timed in both, once per process.
@@ -620,8 +620,6 @@ def recipe_corpus_dir(work: Path, precision: str, max_new_tokens: int, num_promp
     return work / (f"corpus-{precision}-{max_new_tokens}" + ("" if num_prompts is None else f"-{num_prompts}"))
 
 
-
-
 def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "dspark", num_prompts: int | None = None,
                           corpus_samples: int | None = None, max_new_tokens: int = 192, steps: int = 4000,
                           num_draft_layers: int = 2, markov_rank: int = 32, block_size: int = 7, num_anchors: int = 48,
@@ -634,15 +632,15 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
 
     Phases, each timed into the drafter's metadata (``run.seconds``) and resumable:
 
-    1. ``corpus``: the target (in ``precision``; its answers and features in bf16 differ from the fp32
-       target's only by rounding) answers ``num_prompts`` prompts (all ShareGPT
-       first turns of up to 600 characters by default) greedily, with ``max_new_tokens`` at most, and its
-       features are captured while it answers (:func:`dspark.corpus.build_corpus`). ``corpus_samples``
+    1. ``corpus``: the target (in ``precision``; in bf16 its answers and features differ from the fp32
+       target's only by rounding) answers ``num_prompts`` prompts (all ShareGPT first turns of up to 600
+       characters by default) greedily, with ``max_new_tokens`` at most, and its features are captured
+       while it answers (:func:`dspark.corpus.build_corpus`). ``corpus_samples``
        keeps the first that many prompts of the corpus's shuffled order (a time budget that any later run
        can extend). Cached under ``work_dir`` (default ``$DSPARK_CACHE/training``), shared by every objective.
        With ``answers`` (an archive :func:`dspark.corpus.save_answers` wrote from this corpus), the answers it
-       holds are not generated again: their features are rebuilt from it (:func:`dspark.corpus.rebuild_corpus`),
-       and only prompts it lacks are answered.
+       holds are not generated again: their features are rebuilt from it (:func:`dspark.corpus.rebuild_corpus`,
+       by the target in ``precision`` whatever dtype answered), and only prompts it lacks are answered.
     2. ``vocab``: with ``draft_vocab_size``, the draft vocabulary is the most frequent answer tokens of the
        training split (plus EOS); its coverage of the training and held-out answers is recorded.
     3. ``train``: :class:`Trainer` for ``steps`` steps of ``sequences_per_step`` sequences, checkpointing every
