@@ -9,16 +9,17 @@ from dspark.__main__ import _train_settings
 
 
 def _args(**flags):
-    base = dict(config=None, objective=None, steps=None, prompts=None, layers=None, block_size=None)
+    base = dict(config=None, objective=None, steps=None, prompts=None, layers=None, block_size=None, precision=None)
     return argparse.Namespace(**{**base, **flags})
 
 
 def test_config_file_then_flags(tmp_path):
     config = tmp_path / "run.json"
-    config.write_text(json.dumps({"objective": "eagle3", "steps": 50, "markov_rank": 8}), encoding="utf-8")
+    config.write_text(json.dumps({"objective": "eagle3", "steps": 50, "markov_rank": 8, "precision": "auto"}),
+                      encoding="utf-8")
     assert _train_settings(_args()) == {"objective": "dspark"}
-    assert _train_settings(_args(config=str(config), steps=10, block_size=15)) == {
-        "objective": "eagle3", "steps": 10, "markov_rank": 8, "block_size": 15}
+    assert _train_settings(_args(config=str(config), steps=10, block_size=15, precision="fp32")) == {
+        "objective": "eagle3", "steps": 10, "markov_rank": 8, "block_size": 15, "precision": "fp32"}
 
 
 def test_unknown_config_keys_are_refused(tmp_path):
