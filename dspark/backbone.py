@@ -20,6 +20,7 @@ from torch import nn
 from dspark._checks import check_tensor, check_token_range
 from dspark.attention import block_attention
 from dspark.config import DSparkConfig
+from dspark.linear import Linear
 
 
 class RMSNorm(nn.Module):
@@ -60,10 +61,10 @@ class DraftAttention(nn.Module):
         super().__init__()
         self.config = config
         d, hd = config.hidden_size, config.head_dim
-        self.q_proj = nn.Linear(d, config.num_attention_heads * hd, bias=False)
-        self.k_proj = nn.Linear(d, config.num_key_value_heads * hd, bias=False)
-        self.v_proj = nn.Linear(d, config.num_key_value_heads * hd, bias=False)
-        self.o_proj = nn.Linear(config.num_attention_heads * hd, d, bias=False)
+        self.q_proj = Linear(d, config.num_attention_heads * hd, bias=False)
+        self.k_proj = Linear(d, config.num_key_value_heads * hd, bias=False)
+        self.v_proj = Linear(d, config.num_key_value_heads * hd, bias=False)
+        self.o_proj = Linear(config.num_attention_heads * hd, d, bias=False)
         if config.qk_norm:
             self.q_norm = RMSNorm(hd, config.rms_norm_eps)
             self.k_norm = RMSNorm(hd, config.rms_norm_eps)
@@ -92,9 +93,9 @@ class DraftAttention(nn.Module):
 class SwiGLU(nn.Module):
     def __init__(self, hidden_size: int, intermediate_size: int):
         super().__init__()
-        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+        self.gate_proj = Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = Linear(intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -173,11 +174,11 @@ class BlockBackbone(nn.Module):
         super().__init__()
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.fc = nn.Linear(config.num_taps * config.target_hidden_size, config.hidden_size, bias=False)
+        self.fc = Linear(config.num_taps * config.target_hidden_size, config.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.layers = nn.ModuleList(DraftLayer(config) for _ in range(config.num_draft_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.lm_head = nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False)
+        self.lm_head = Linear(config.hidden_size, config.draft_vocab_size, bias=False)
         self.embed_tokens.weight.requires_grad_(False)
         self.lm_head.weight.requires_grad_(False)
 

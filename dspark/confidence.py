@@ -12,6 +12,7 @@ from torch import nn
 
 from dspark._checks import check_tensor, check_token_range
 from dspark.backend import resolve_backend
+from dspark.linear import Linear
 
 
 def confidence_target(draft_logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
@@ -109,7 +110,7 @@ class ConfidenceHead(nn.Module):
     def __init__(self, hidden_size: int, markov_rank: int = 0, bias: bool = True):
         super().__init__()
         self.markov_rank = markov_rank
-        self.proj = nn.Linear(hidden_size + markov_rank, 1, bias=bias)
+        self.proj = Linear(hidden_size + markov_rank, 1, bias=bias)
 
     def forward(self, hidden: torch.Tensor, prev_emb: torch.Tensor | None = None) -> torch.Tensor:
         if self.markov_rank:

@@ -27,6 +27,7 @@ from dspark._checks import check_tensor
 from dspark.backbone import ContextCache, RMSNorm, SwiGLU, apply_rope, rope_cos_sin
 from dspark.config import DSparkConfig
 from dspark.drafter import DraftOutput
+from dspark.linear import Linear
 from dspark.sampling import sample_from_probs, warp_logits
 
 STEP_DECAY = 0.8
@@ -58,10 +59,10 @@ class Eagle3Layer(nn.Module):
         d, hd = config.hidden_size, config.head_dim
         self.input_layernorm = RMSNorm(d, config.rms_norm_eps)
         self.hidden_norm = RMSNorm(d, config.rms_norm_eps)
-        self.q_proj = nn.Linear(2 * d, config.num_attention_heads * hd, bias=False)
-        self.k_proj = nn.Linear(2 * d, config.num_key_value_heads * hd, bias=False)
-        self.v_proj = nn.Linear(2 * d, config.num_key_value_heads * hd, bias=False)
-        self.o_proj = nn.Linear(config.num_attention_heads * hd, d, bias=False)
+        self.q_proj = Linear(2 * d, config.num_attention_heads * hd, bias=False)
+        self.k_proj = Linear(2 * d, config.num_key_value_heads * hd, bias=False)
+        self.v_proj = Linear(2 * d, config.num_key_value_heads * hd, bias=False)
+        self.o_proj = Linear(config.num_attention_heads * hd, d, bias=False)
         self.q_norm = RMSNorm(hd, config.rms_norm_eps)
         self.k_norm = RMSNorm(hd, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(d, config.rms_norm_eps)
@@ -110,10 +111,10 @@ class Eagle3Drafter(nn.Module):
         self.config = config
         d = config.hidden_size
         self.embed_tokens = nn.Embedding(config.vocab_size, d)
-        self.fc = nn.Linear(config.num_taps * config.target_hidden_size, d, bias=False)
+        self.fc = Linear(config.num_taps * config.target_hidden_size, d, bias=False)
         self.layer = Eagle3Layer(config)
         self.norm = RMSNorm(d, config.rms_norm_eps)
-        self.lm_head = nn.Linear(d, config.vocab_size, bias=False)
+        self.lm_head = Linear(d, config.vocab_size, bias=False)
         self.embed_tokens.weight.requires_grad_(False)
         self.lm_head.weight.requires_grad_(False)
 

@@ -19,6 +19,7 @@ from torch import nn
 from dspark._checks import check_sampling, check_tensor, check_token_range, check_uniforms
 from dspark.backend import resolve_backend
 from dspark.config import MARKOV_HEAD_TYPES
+from dspark.linear import Linear
 from dspark.sampling import sample_from_probs, warp_logits
 
 
@@ -225,11 +226,11 @@ class MarkovHead(nn.Module):
             raise ValueError(f"a Markov head needs rank >= 1, got {rank}")
         self.head_type = head_type
         self.markov_w1 = nn.Embedding(vocab_size, rank)
-        self.markov_w2 = nn.Linear(rank, draft_vocab_size, bias=False)
+        self.markov_w2 = Linear(rank, draft_vocab_size, bias=False)
         if head_type == "gated":
-            self.gate_proj = nn.Linear(hidden_size + rank, rank)
+            self.gate_proj = Linear(hidden_size + rank, rank)
         if head_type == "rnn":
-            self.joint_proj = nn.Linear(2 * rank + hidden_size, 3 * rank)
+            self.joint_proj = Linear(2 * rank + hidden_size, 3 * rank)
 
     def weights(self) -> MarkovWeights:
         gate = getattr(self, "gate_proj", None)

