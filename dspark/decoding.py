@@ -170,29 +170,38 @@ def sample(logits: torch.Tensor, config: SamplingConfig, generator: torch.Genera
 
 
 @torch.no_grad()
-def profile_verify_sps(target, max_tokens: int, *, context: int = 64, repeats: int = 3) -> SPSTable:
-    """The target's SPS table for one request verifying 1 … ``max_tokens`` tokens over ``context`` cached ones.
+def profile_verify_sps(target, max_tokens: int, *, requests: int = 1, context: int = 64,
+                       repeats: int = 3) -> SPSTable:
+    """The target's SPS table for ``requests`` requests verifying ``requests`` … ``max_tokens`` tokens in all.
 
-    What an engine profiles once at start-up for :class:`dspark.scheduler.PrefixScheduler` at batch 1: each
-    pass is fed, timed and rolled back (its cache slots masked out), so every pass attends to the same
-    ``context`` committed tokens.
+    What an engine profiles once at start-up for :class:`dspark.scheduler.PrefixScheduler`: each request holds
+    ``context`` cached tokens; a pass of B tokens feeds every request ⌈B / requests⌉ slots (the decoding loop
+    pads requests to the longest, so that is what B tokens cost), marks B of them valid, and is timed and
+    rolled back, so every pass attends to the same context. Below ``requests`` tokens the table holds the
+    first measured latency: every request sends at least its anchor.
     """
     from dspark.scheduler import profile_sps
 
+    if not 1 <= requests <= max_tokens:
+        raise ValueError(f"requests must lie in [1, max_tokens = {max_tokens}], got {requests}")
     gen = torch.Generator().manual_seed(0)
-    prompt = torch.randint(target.vocab_size, (1, context), generator=gen).tolist()
-    state, *_ = prefill(target, prompt)
+    prompts = torch.randint(target.vocab_size, (requests, context), generator=gen).tolist()
+    state, *_ = prefill(target, prompts)
     device = target.device
+    rows = torch.arange(requests, device=device)[:, None]
 
     def step(count: int) -> None:
-        ids = torch.randint(target.vocab_size, (1, count), generator=gen).to(device)
-        positions = state.next_pos[:, None] + torch.arange(count, device=device)
-        target.forward(state, ids, positions, torch.ones(1, count, dtype=torch.bool, device=device))
-        target.keep(state, count, torch.zeros(1, dtype=torch.long, device=device))
+        width = -(-count // requests)
+        slots = torch.arange(width, device=device)
+        ids = torch.randint(target.vocab_size, (requests, width), generator=gen).to(device)
+        positions = state.next_pos[:, None] + slots
+        # Slot j of request r is the (j·R + r)-th token: requests differ in length by at most one.
+        target.forward(state, ids, positions, slots * requests + rows < count)
+        target.keep(state, width, torch.zeros(requests, dtype=torch.long, device=device))
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    return profile_sps(step, list(range(1, max_tokens + 1)), repeats=repeats)
+    return profile_sps(step, list(range(requests, max_tokens + 1)), repeats=repeats)
 
 
 class _Outputs:

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from dspark.decoding import SamplingConfig, SpeculativeDecoder, generate, speculative_generate
+from dspark.decoding import SamplingConfig, SpeculativeDecoder, generate, profile_verify_sps, speculative_generate
 from dspark.scheduler import FixedLength, PrefixScheduler, ProductionScheduler, SPSTable, Threshold
 from dspark.testing import assert_close, chi_square_pvalue
 from tests.e2e.conftest import drafter_for, eagle3_for, tiny_target
@@ -279,3 +279,30 @@ def test_a_target_that_returns_non_finite_logits_is_refused(monkeypatch, tempera
     with pytest.raises(ValueError, match="NaN or Inf"):
         speculative_generate(target, drafter, [[1, 2, 3]], SamplingConfig(max_new_tokens=8, temperature=temperature))
     assert len(calls) == 2, "the first verify pass must be the one refused"
+
+
+@pytest.mark.parametrize("requests", [1, 3])
+def test_verify_profiles_cover_the_batch_and_roll_every_pass_back(requests, monkeypatch):
+    target = tiny_target()
+    fed, states = [], []
+    forward = target.forward
+
+    def spy(state, input_ids, positions, valid):
+        fed.append((tuple(input_ids.shape), int(valid.sum()), bool(valid[:, 0].all())))
+        states.append(state)
+        return forward(state, input_ids, positions, valid)
+
+    monkeypatch.setattr(target, "forward", spy)
+    sps = profile_verify_sps(target, 7, requests=requests, context=5, repeats=1)
+    assert sps.max_tokens == 7
+    assert bool((sps.sps[1:] > 0).all())
+    passes = fed[1:]  # after the prefill: a warm-up and a timed pass per count
+    assert [valid for _, valid, _ in passes] == [c for c in range(requests, 8) for _ in range(2)]
+    for shape, valid, anchors in passes:
+        assert shape == (requests, -(-valid // requests)) and anchors, (shape, valid)
+    assert states[-1].valid.sum(1).tolist() == [5] * requests  # only the context is left valid
+
+
+def test_verify_profiles_refuse_more_requests_than_tokens():
+    with pytest.raises(ValueError, match="requests must lie"):
+        profile_verify_sps(tiny_target(), 2, requests=3)
