@@ -2,9 +2,11 @@
 
 Greedy decoding of held-out real prompts (math, code, chat) with SmolLM2-135M-Instruct; the drafter is
 the trained one when available (``dspark.checkpoint.find_default_drafter``), else an untrained one, and
-the result says which. Reports tokens/s of both modes, their ratio, τ and per-position acceptance, what a
-round costs in units of one plain target step at the same batch (draft, schedule, the verify pass's
-forward, verification with its cache updates, bookkeeping), and checks the outputs are identical.
+the result says which. Speculative decoding runs twice per batch: verifying every drafted slot, and with
+Algorithm 1 (with the demo's back-off) on a verify-latency profile taken at that batch, as an engine would
+at start-up. Reports tokens/s of both modes, their ratio, τ and per-position acceptance, what a round
+costs in units of one plain target step at the same batch (draft, schedule, the verify pass's forward,
+verification with its cache updates, bookkeeping), the profile, and checks the outputs are identical.
 Writes ``e2e_cpu.json`` (or ``_gpu``).
 
     python benchmarks/bench_e2e.py [--prompts-per-domain 3] [--max-new-tokens 64] [--out benchmarks/results]
@@ -22,10 +24,34 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.environment import write_result  # noqa: E402
 from dspark.data import load_prompt_mix  # noqa: E402
-from dspark.decoding import SamplingConfig, generate, speculative_generate  # noqa: E402
-from dspark.demo import load_demo_drafter  # noqa: E402
-from dspark.scheduler import FixedLength  # noqa: E402
+from dspark.decoding import SamplingConfig, generate, profile_verify_sps, speculative_generate  # noqa: E402
+from dspark.demo import BACKOFF, load_demo_drafter  # noqa: E402
+from dspark.scheduler import FixedLength, PrefixScheduler  # noqa: E402
 from dspark.target import load_default_target  # noqa: E402
+
+
+def _row(batch, scheduler, sps, plain_runs, spec_runs, plain_s, step_s, num_prompts) -> dict:
+    stats = spec_runs[0].stats
+    for run in spec_runs[1:]:
+        stats = stats.merge(run.stats)
+    spec_s = sum(r.seconds for r in spec_runs)
+    new = sum(r.new_tokens for r in spec_runs)
+    rounds = sum(r.steps for r in spec_runs)
+    parts = {k: sum(r.timings[k] for r in spec_runs) / rounds / step_s
+             for k in ("draft", "schedule", "target", "verify", "bookkeeping")}
+    row = {"batch": batch, "scheduler": scheduler, "prompts": num_prompts, "new_tokens": new,
+           "target_only_tokens_per_s": new / plain_s, "speculative_tokens_per_s": new / spec_s,
+           "speedup": plain_s / spec_s,
+           "identical_outputs": [t for r in plain_runs for t in r.tokens] == [t for r in spec_runs for t in r.tokens],
+           "target_step_ms": 1000 * step_s, "round_in_target_steps": sum(parts.values()),
+           "round_parts_in_target_steps": parts,
+           "rounds_without_drafts": sum(r.rounds_without_drafts for r in spec_runs),
+           "verify_pass_ms": {b: 1000 / sps(b) for b in range(batch, sps.max_tokens + 1)}, **stats.as_dict()}
+    print(f"batch {batch}, {scheduler}: target-only {row['target_only_tokens_per_s']:.1f} tok/s, speculative "
+          f"{row['speculative_tokens_per_s']:.1f} tok/s, speedup {row['speedup']:.2f}x, tau {stats.tau:.2f}, "
+          f"identical {row['identical_outputs']}; a round costs {row['round_in_target_steps']:.2f} target steps "
+          f"({', '.join(f'{k} {v:.2f}' for k, v in parts.items())})", flush=True)
+    return row
 
 
 def main(argv=None) -> int:
@@ -39,36 +65,21 @@ def main(argv=None) -> int:
     drafter, description = load_demo_drafter(target)
     prompts = [target.encode_chat(p.text) for p in load_prompt_mix(args.prompts_per_domain, args.offset)]
     config = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=0.0)
+    gamma = drafter.config.block_size
     rows = []
     for batch in (1, 4):
-        plain_runs, spec_runs = [], []
-        for i in range(0, len(prompts), batch):
-            chunk = prompts[i: i + batch]
-            plain_runs.append(generate(target, chunk, config))
-            spec_runs.append(speculative_generate(target, drafter, chunk, config,
-                                                  scheduler=FixedLength(drafter.config.block_size)))
-        stats = spec_runs[0].stats
-        for run in spec_runs[1:]:
-            stats = stats.merge(run.stats)
-        plain_s, spec_s = sum(r.seconds for r in plain_runs), sum(r.seconds for r in spec_runs)
-        new = sum(r.new_tokens for r in spec_runs)
+        sps = profile_verify_sps(target, batch * (gamma + 1), requests=batch)
+        schedulers = {"every slot": lambda: FixedLength(gamma),
+                      "algorithm-1": lambda sps=sps: PrefixScheduler(sps, backoff=BACKOFF)}
+        chunks = [prompts[i: i + batch] for i in range(0, len(prompts), batch)]
+        plain_runs = [generate(target, chunk, config) for chunk in chunks]
         # One target step: a plain decoding step at this batch. A round's parts are given in those units.
         step_s = sum(r.timings["decode"] for r in plain_runs) / sum(r.steps for r in plain_runs)
-        rounds = sum(r.steps for r in spec_runs)
-        parts = {k: sum(r.timings[k] for r in spec_runs) / rounds / step_s
-                 for k in ("draft", "schedule", "target", "verify", "bookkeeping")}
-        row = {"batch": batch, "prompts": len(prompts), "new_tokens": new,
-               "target_only_tokens_per_s": new / plain_s, "speculative_tokens_per_s": new / spec_s,
-               "speedup": plain_s / spec_s,
-               "identical_outputs": [t for r in plain_runs for t in r.tokens] == [t for r in spec_runs
-                                                                                  for t in r.tokens],
-               "target_step_ms": 1000 * step_s, "round_in_target_steps": sum(parts.values()),
-               "round_parts_in_target_steps": parts, **stats.as_dict()}
-        rows.append(row)
-        print(f"batch {batch}: target-only {row['target_only_tokens_per_s']:.1f} tok/s, speculative "
-              f"{row['speculative_tokens_per_s']:.1f} tok/s, speedup {row['speedup']:.2f}x, tau {stats.tau:.2f}, "
-              f"identical {row['identical_outputs']}; a round costs {row['round_in_target_steps']:.2f} target steps "
-              f"({', '.join(f'{k} {v:.2f}' for k, v in parts.items())})")
+        plain_s = sum(r.seconds for r in plain_runs)
+        for name, make_scheduler in schedulers.items():
+            spec_runs = [speculative_generate(target, drafter, chunk, config, scheduler=make_scheduler())
+                         for chunk in chunks]
+            rows.append(_row(batch, name, sps, plain_runs, spec_runs, plain_s, step_s, len(prompts)))
     device = "gpu" if torch.cuda.is_available() else "cpu"
     path = write_result(f"e2e_{device}", {"drafter": description, "drafter_config": drafter.config.to_dict(),
                                           "max_new_tokens": args.max_new_tokens, "rows": rows}, args.out)

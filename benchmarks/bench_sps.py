@@ -6,7 +6,9 @@ KV cache of ``--context`` tokens. Each step runs the target's forward in eager H
 (sdpa attention), then the cache is cropped back, so every repeat sees the same context. The median of
 ``--repeats`` timed steps after a warm-up is the latency; SPS = 1 / latency.
 
-* ``--device cpu``: the real default target (SmolLM2-135M-Instruct, fp32) on this machine.
+* ``--device cpu``: the real default target (SmolLM2-135M-Instruct, fp32) on this machine, twice: with the
+  layout ``dspark.linear`` gives few-row products on CPU (what the target runs), then with ``F.linear``
+  everywhere, so each machine's results show what the layout is worth there.
 * ``--device cuda``: random-weight bf16 models of two architectures, SmolLM2-135M and Qwen3-8B (the
   paper's scale). Latency does not depend on weight values, so random weights measure the real curve.
 
@@ -16,6 +18,7 @@ KV cache of ``--context`` tokens. Each step runs the target's forward in eager H
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
@@ -25,6 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import dspark.linear  # noqa: E402
 from benchmarks.environment import write_result  # noqa: E402
 
 TOKENS_PER_REQUEST = 8
@@ -49,6 +53,17 @@ def random_model(name: str, device: str, dtype: torch.dtype):
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     return model.eval()
+
+
+@contextlib.contextmanager
+def few_row_layout(skinny_rows: int):
+    """Run with ``dspark.linear.SKINNY_ROWS`` set to ``skinny_rows`` (0: ``F.linear`` for every input)."""
+    saved = dspark.linear.SKINNY_ROWS
+    dspark.linear.SKINNY_ROWS = skinny_rows
+    try:
+        yield
+    finally:
+        dspark.linear.SKINNY_ROWS = saved
 
 
 def layout(count: int) -> tuple[int, int]:
@@ -112,9 +127,13 @@ def main() -> None:
 
         context, repeats = args.context or 256, args.repeats or 3
         target = load_default_target()
-        print(f"SmolLM2-135M-Instruct (real weights, fp32), context {context}")
-        profiles.append({"model": "SmolLM2-135M-Instruct", "weights": "real", "dtype": "float32",
-                         "context": context, "rows": profile(target.model, COUNTS, context, repeats, "cpu")})
+        for layout_name, skinny_rows in (("skinny", dspark.linear.SKINNY_ROWS), ("F.linear", 0)):
+            print(f"SmolLM2-135M-Instruct (real weights, fp32), context {context}, {layout_name} layout")
+            with few_row_layout(skinny_rows):
+                rows = profile(target.model, COUNTS, context, repeats, "cpu")
+            profiles.append({"model": "SmolLM2-135M-Instruct", "weights": "real", "dtype": "float32",
+                             "context": context, "linear_layout": layout_name, "skinny_rows": skinny_rows,
+                             "rows": rows})
     else:
         context, repeats = args.context or 1024, args.repeats or 10
         for name in ARCHITECTURES:
