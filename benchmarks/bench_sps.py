@@ -7,8 +7,8 @@ KV cache of ``--context`` tokens. Each step runs the target's forward in eager H
 ``--repeats`` timed steps after a warm-up is the latency; SPS = 1 / latency.
 
 * ``--device cpu``: the real default target (SmolLM2-135M-Instruct, fp32) on this machine, twice: with the
-  layout ``dspark.linear`` gives few-row products on CPU (what the target runs), then with ``F.linear``
-  everywhere, so each machine's results show what the layout is worth there.
+  layout ``dspark.linear`` gives few-row products on CPU (what the target runs) and with ``F.linear``
+  everywhere, passes alternating, so each machine's results show what the layout is worth there.
 * ``--device cuda``: random-weight bf16 models of two architectures, SmolLM2-135M and Qwen3-8B (the
   paper's scale). Latency does not depend on weight values, so random weights measure the real curve.
 
@@ -76,12 +76,15 @@ def layout(count: int) -> tuple[int, int]:
 
 
 @torch.no_grad()
-def profile(model, counts: list[int], context: int, repeats: int, device: str) -> list[dict]:
+def profile(model, counts: list[int], context: int, repeats: int, device: str,
+            layouts: dict[str, int]) -> dict[str, list[dict]]:
+    """Rows of latencies per layout; ``layouts`` maps a name to a ``SKINNY_ROWS`` value. Within each count the
+    layouts' passes alternate, so a machine that drifts during the run slows every layout alike."""
     from transformers import DynamicCache
 
     vocab = model.config.vocab_size
     gen = torch.Generator(device="cpu").manual_seed(0)
-    rows, caches = [], {}
+    rows, caches = {name: [] for name in layouts}, {}
     for count in counts:
         requests, tokens = layout(count)
         if requests not in caches:
@@ -100,16 +103,20 @@ def profile(model, counts: list[int], context: int, repeats: int, device: str) -
             if device == "cuda":
                 torch.cuda.synchronize()
 
-        step()
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            step()
-            times.append(time.perf_counter() - start)
-        seconds = statistics.median(times)
-        rows.append({"tokens": count, "requests": requests, "tokens_per_request": tokens, "seconds": seconds,
-                     "sps": 1.0 / seconds})
-        print(f"  B={count:4d} ({requests:3d} × {tokens}): {seconds * 1e3:8.2f} ms  SPS {1 / seconds:8.1f}", flush=True)
+        times = {name: [] for name in layouts}
+        for repeat in range(repeats + 1):  # the first round warms up
+            for name, skinny_rows in layouts.items():
+                with few_row_layout(skinny_rows):
+                    start = time.perf_counter()
+                    step()
+                    if repeat:
+                        times[name].append(time.perf_counter() - start)
+        for name in layouts:
+            seconds = statistics.median(times[name])
+            rows[name].append({"tokens": count, "requests": requests, "tokens_per_request": tokens,
+                               "seconds": seconds, "sps": 1.0 / seconds})
+        print(f"  B={count:4d} ({requests:3d} × {tokens}): " + ", ".join(
+            f"{name} {r[-1]['seconds'] * 1e3:8.2f} ms" for name, r in rows.items()), flush=True)
     return rows
 
 
@@ -117,7 +124,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--context", type=int, default=None, help="KV tokens per request (cpu 256, cuda 1024)")
-    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--repeats", type=int, default=None, help="timed passes per count (cpu 5, cuda 10)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -125,22 +132,21 @@ def main() -> None:
     if args.device == "cpu":
         from dspark.target import load_default_target
 
-        context, repeats = args.context or 256, args.repeats or 3
+        context, repeats = args.context or 256, args.repeats or 5
         target = load_default_target()
-        for layout_name, skinny_rows in (("skinny", dspark.linear.SKINNY_ROWS), ("F.linear", 0)):
-            print(f"SmolLM2-135M-Instruct (real weights, fp32), context {context}, {layout_name} layout")
-            with few_row_layout(skinny_rows):
-                rows = profile(target.model, COUNTS, context, repeats, "cpu")
+        layouts = {"skinny": dspark.linear.SKINNY_ROWS, "F.linear": 0}
+        print(f"SmolLM2-135M-Instruct (real weights, fp32), context {context}, linear layouts alternating")
+        for name, rows in profile(target.model, COUNTS, context, repeats, "cpu", layouts).items():
             profiles.append({"model": "SmolLM2-135M-Instruct", "weights": "real", "dtype": "float32",
-                             "context": context, "linear_layout": layout_name, "skinny_rows": skinny_rows,
-                             "rows": rows})
+                             "context": context, "linear_layout": name, "skinny_rows": layouts[name], "rows": rows})
     else:
         context, repeats = args.context or 1024, args.repeats or 10
         for name in ARCHITECTURES:
             model = random_model(name, "cuda", torch.bfloat16)
             print(f"{name} (random weights, bf16), context {context}")
+            rows = profile(model, COUNTS, context, repeats, "cuda", {"F.linear": 0})["F.linear"]
             profiles.append({"model": name, "weights": "random", "dtype": "bfloat16", "context": context,
-                             "rows": profile(model, COUNTS, context, repeats, "cuda")})
+                             "rows": rows})
             del model
             torch.cuda.empty_cache()
     print(write_result(f"sps_{args.device}", {"tokens_per_request": TOKENS_PER_REQUEST, "profiles": profiles},
