@@ -4,10 +4,10 @@ A decoding step feeds one token per request, a verify pass a handful. On CPUs, `
 single row of ``x`` runs as a matrix-vector product that streams ``W`` once, but with 2 to 64 rows it runs as
 a GEMM whose packing of the large operand ``W`` costs about as much as the product itself, so feeding two
 tokens to a target cost far more than feeding one. The same product computed as ``(W · xᵀ)ᵀ`` puts the few
-rows on the small side of the GEMM and streams ``W`` once. Measured on a 2-core AMD EPYC with MKL, the
-SmolLM2-135M target in fp32 after a 150-token prefix: feeding 1 / 2 / 4 / 8 tokens took 114 / 187 / 206 / 212
-ms with ``F.linear`` and 122 / 119 / 120 / 167 ms with ``(W · xᵀ)ᵀ`` (``benchmarks/bench_sps.py`` records
-this per machine). That is the verify pass's cost, and hence speculative decoding's speedup, on CPUs.
+rows on the small side of the GEMM and streams ``W`` once. ``benchmarks/bench_sps.py`` times both layouts,
+pass by pass: on a 2-core AMD EPYC with MKL (``sps_cpu.json``), a pass of the SmolLM2-135M target over
+2 / 4 / 8 tokens cost 1.61 / 1.65 / 1.85 one-token passes with ``F.linear`` and 0.87 / 0.80 / 1.36 in this
+layout. That is the verify pass's cost, and so what speculative decoding can gain, on CPUs.
 
 ``Linear`` is ``nn.Linear`` with that layout on CPU inputs of at most :data:`SKINNY_ROWS` rows; it has the
 same parameters and state-dict keys, so checkpoints and exports do not see it. On GPUs, and for longer
@@ -22,8 +22,9 @@ import torch.nn.functional as F
 from torch import nn
 
 SKINNY_ROWS = 64
-"""Inputs with at most this many rows take the ``(W · xᵀ)ᵀ`` layout on CPU. Up to 64 rows it was faster for the
-whole target forward on every width measured (1 to 64 tokens); at a 150-row prefill the two layouts were even."""
+"""Inputs with at most this many rows take the ``(W · xᵀ)ᵀ`` layout on CPU (0 turns it off). It made the whole
+target forward faster at every width measured from 2 to 64 tokens; single products of 150 rows (a prefill)
+timed about even in the two layouts, so longer inputs keep ``F.linear``."""
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
