@@ -1165,8 +1165,9 @@ def _layout_sentence(out: list[str]) -> None:
         return " / ".join(num(ms[b] / ms[1], ".2f") for b in (2, 4, 8))
 
     out.append("**The verify pass on a CPU.** With `F.linear`, a pass of 2 / 4 / 8 tokens costs "
-               f"{relative('F.linear')}× a one-token pass on {machine(result)}: for 2 to 64 rows the BLAS call "
-               "repacks each weight matrix, which a one-row matrix-vector product does not. `dspark.linear` computes "
+               f"{relative('F.linear')}× a one-token pass on {machine(result)}: with 2 to 64 rows the BLAS call is a "
+               "GEMM that, going by these timings, pays for repacking each weight matrix, where one row is a "
+               "matrix-vector product that reads it once. `dspark.linear` computes "
                f"products of up to {num(layouts['skinny']['skinny_rows'], 'd')} rows as (W·xᵀ)ᵀ instead, which "
                f"streams each weight once: {relative('skinny')}×. Every target and drafter in dspark runs that "
                "layout on CPU (the verify-pass profiles are single runs of a few repeats, so read differences under "
