@@ -4,10 +4,11 @@ A decoding step feeds one token per request, a verify pass a handful. On CPUs, `
 single row of ``x`` runs as a matrix-vector product that streams ``W`` once, but with 2 to 64 rows it runs as
 a GEMM that, going by the timings below, pays for repacking ``W`` on every call, so feeding two tokens to a
 target cost far more than feeding one. Computed as ``(W · xᵀ)ᵀ``, the same product hands BLAS ``W`` as the
-tall left operand and the few rows as a narrow right one, a shape it streams ``W`` through once. ``benchmarks/bench_sps.py`` times both layouts,
-pass by pass: on a 2-core AMD EPYC with MKL (``sps_cpu.json``), a pass of the SmolLM2-135M target over
-2 / 4 / 8 tokens cost 1.61 / 1.65 / 1.85 one-token passes with ``F.linear`` and 0.87 / 0.80 / 1.36 in this
-layout. That is the verify pass's cost, and so what speculative decoding can gain, on CPUs.
+tall left operand and the few rows as a narrow right one, a shape it streams ``W`` through once.
+``benchmarks/bench_sps.py`` times both layouts, pass by pass: on a 2-core AMD EPYC with MKL
+(``sps_cpu.json``), a pass of the SmolLM2-135M target over 2 / 4 / 8 tokens cost 1.61 / 1.65 / 1.85
+one-token passes with ``F.linear`` and 0.87 / 0.80 / 1.36 in this layout. That is the verify pass's cost,
+and so what speculative decoding can gain, on CPUs.
 
 ``Linear`` is ``nn.Linear`` with that layout on CPU inputs of at most :data:`SKINNY_ROWS` rows; it has the
 same parameters and state-dict keys, so checkpoints and exports do not see it. On GPUs, and for longer
