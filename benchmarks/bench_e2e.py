@@ -1,13 +1,13 @@
 """Speculative vs target-only decoding with the default target, batch 1 and 4, in one run.
 
-Greedy decoding of held-out real prompts (math, code, chat) with SmolLM2-135M-Instruct; the drafter is
-the trained one when available (``dspark.checkpoint.find_default_drafter``), else an untrained one, and
-the result says which. Speculative decoding runs twice per batch: verifying every drafted slot, and with
-Algorithm 1 (with the demo's back-off) on a verify-latency profile taken at that batch, as an engine would
-at start-up. Reports tokens/s of both modes, their ratio, τ and per-position acceptance, what a round
-costs in units of one plain target step at the same batch (draft, schedule, the verify pass's forward,
-verification with its cache updates, bookkeeping), the profile, and checks the outputs are identical.
-Writes ``e2e_cpu.json`` (or ``_gpu``).
+Greedy decoding of held-out real prompts (math, code, chat) with SmolLM2-135M-Instruct; the drafter is the
+trained one when available (``dspark.checkpoint.find_default_drafter``), else an untrained one, and the result
+says which. Speculative decoding runs twice per batch: verifying every drafted slot, and with Algorithm 1
+(with the demo's back-off) on a verify-latency profile taken at that batch, as an engine would at start-up.
+The three modes take turns, chunk of prompts by chunk. Reports tokens/s of both modes, their ratio, τ and
+per-position acceptance, what a round costs in units of one plain target step at the same batch (draft,
+schedule, the verify pass's forward, verification with its cache updates, bookkeeping), the profile, and
+checks the outputs are identical. Writes ``e2e_cpu.json`` (or ``_gpu``).
 
     python benchmarks/bench_e2e.py [--prompts-per-domain 3] [--max-new-tokens 64] [--out benchmarks/results]
 """
@@ -72,14 +72,19 @@ def main(argv=None) -> int:
         schedulers = {"every slot": lambda: FixedLength(gamma),
                       "algorithm-1": lambda sps=sps: PrefixScheduler(sps, backoff=BACKOFF)}
         chunks = [prompts[i: i + batch] for i in range(0, len(prompts), batch)]
-        plain_runs = [generate(target, chunk, config) for chunk in chunks]
+        # The modes take turns chunk by chunk, so that the machine's drift in speed during the run (10% on a
+        # shared CPU) reaches all of them alike instead of favouring whichever ran in a fast stretch.
+        plain_runs, spec_runs = [], {name: [] for name in schedulers}
+        for chunk in chunks:
+            plain_runs.append(generate(target, chunk, config))
+            for name, make_scheduler in schedulers.items():
+                spec_runs[name].append(speculative_generate(target, drafter, chunk, config,
+                                                            scheduler=make_scheduler()))
         # One target step: a plain decoding step at this batch. A round's parts are given in those units.
         step_s = sum(r.timings["decode"] for r in plain_runs) / sum(r.steps for r in plain_runs)
         plain_s = sum(r.seconds for r in plain_runs)
-        for name, make_scheduler in schedulers.items():
-            spec_runs = [speculative_generate(target, drafter, chunk, config, scheduler=make_scheduler())
-                         for chunk in chunks]
-            rows.append(_row(batch, name, sps, plain_runs, spec_runs, plain_s, step_s, len(prompts)))
+        for name, runs in spec_runs.items():
+            rows.append(_row(batch, name, sps, plain_runs, runs, plain_s, step_s, len(prompts)))
     device = "gpu" if torch.cuda.is_available() else "cpu"
     path = write_result(f"e2e_{device}", {"drafter": description, "drafter_config": drafter.config.to_dict(),
                                           "max_new_tokens": args.max_new_tokens, "rows": rows}, args.out)
