@@ -3,11 +3,13 @@
 Greedy decoding of held-out real prompts (math, code, chat) with SmolLM2-135M-Instruct; the drafter is the
 trained one when available (``dspark.checkpoint.find_default_drafter``), else an untrained one, and the result
 says which. Speculative decoding runs twice per batch: verifying every drafted slot, and with Algorithm 1
-(with the demo's back-off) on a verify-latency profile taken at that batch, as an engine would at start-up.
-The three modes take turns, chunk of prompts by chunk. Reports tokens/s of both modes, their ratio, τ and
-per-position acceptance, what a round costs in units of one plain target step at the same batch (draft,
-schedule, the verify pass's forward, verification with its cache updates, bookkeeping), the profile, and
-checks the outputs are identical. Writes ``e2e_cpu.json`` (or ``_gpu``).
+(with the demo's back-off) on a verify-latency profile taken at that batch, as an engine would at start-up;
+that profiling also keeps the faster layout of few-row products on this CPU
+(``dspark.decoding.choose_few_row_layout``), for all three modes. The three modes take turns, chunk of prompts
+by chunk. Reports tokens/s of both modes, their ratio, τ and per-position acceptance, what a round costs in
+units of one plain target step at the same batch (draft, schedule, the verify pass's forward, verification
+with its cache updates, bookkeeping), the profile, and checks the outputs are identical. Writes
+``e2e_cpu.json`` (or ``_gpu``).
 
     python benchmarks/bench_e2e.py [--prompts-per-domain 3] [--max-new-tokens 64] [--out benchmarks/results]
 """
@@ -24,8 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.environment import write_result  # noqa: E402
 from dspark.data import load_prompt_mix  # noqa: E402
-from dspark.decoding import SamplingConfig, generate, profile_verify_sps, speculative_generate  # noqa: E402
+from dspark.decoding import SamplingConfig, choose_few_row_layout, generate, speculative_generate  # noqa: E402
 from dspark.demo import BACKOFF, load_demo_drafter  # noqa: E402
+from dspark.linear import skinny_rows  # noqa: E402
 from dspark.scheduler import FixedLength, PrefixScheduler  # noqa: E402
 from dspark.target import load_default_target  # noqa: E402
 
@@ -46,7 +49,8 @@ def _row(batch, scheduler, sps, plain_runs, spec_runs, plain_s, step_s, num_prom
            "target_step_ms": 1000 * step_s, "round_in_target_steps": sum(parts.values()),
            "round_parts_in_target_steps": parts,
            "rounds_without_drafts": sum(r.rounds_without_drafts for r in spec_runs),
-           "verify_pass_ms": {b: 1000 / sps(b) for b in range(batch, sps.max_tokens + 1)}, **stats.as_dict()}
+           "verify_pass_ms": {b: 1000 / sps(b) for b in range(batch, sps.max_tokens + 1)},
+           "skinny_rows": skinny_rows(), **stats.as_dict()}
     print(f"batch {batch}, {scheduler}: target-only {row['target_only_tokens_per_s']:.1f} tok/s, speculative "
           f"{row['speculative_tokens_per_s']:.1f} tok/s, speedup {row['speedup']:.2f}x, tau {stats.tau:.2f}, "
           f"identical {row['identical_outputs']}; a round costs {row['round_in_target_steps']:.2f} target steps "
@@ -68,7 +72,7 @@ def main(argv=None) -> int:
     gamma = drafter.config.block_size
     rows = []
     for batch in (1, 4):
-        sps = profile_verify_sps(target, batch * (gamma + 1), requests=batch)
+        sps = choose_few_row_layout(target, batch * (gamma + 1), requests=batch)
         schedulers = {"every slot": lambda: FixedLength(gamma),
                       "algorithm-1": lambda sps=sps: PrefixScheduler(sps, backoff=BACKOFF)}
         chunks = [prompts[i: i + batch] for i in range(0, len(prompts), batch)]

@@ -12,13 +12,13 @@ KV cache of ``--context`` tokens. Each step runs the target's forward in eager H
 * ``--device cuda``: random-weight bf16 models of two architectures, SmolLM2-135M and Qwen3-8B (the
   paper's scale). Latency does not depend on weight values, so random weights measure the real curve.
 
-    python benchmarks/bench_sps.py --device cpu
+    python benchmarks/bench_sps.py --device cpu [--tag xeon] [--out benchmarks/results]
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
+import re
 import statistics
 import sys
 import time
@@ -28,8 +28,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import dspark.linear  # noqa: E402
 from benchmarks.environment import write_result  # noqa: E402
+from dspark.linear import SKINNY_ROWS, few_row_layout  # noqa: E402
 
 TOKENS_PER_REQUEST = 8
 COUNTS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512]
@@ -55,17 +55,6 @@ def random_model(name: str, device: str, dtype: torch.dtype):
     return model.eval()
 
 
-@contextlib.contextmanager
-def few_row_layout(skinny_rows: int):
-    """Run with ``dspark.linear.SKINNY_ROWS`` set to ``skinny_rows`` (0: ``F.linear`` for every input)."""
-    saved = dspark.linear.SKINNY_ROWS
-    dspark.linear.SKINNY_ROWS = skinny_rows
-    try:
-        yield
-    finally:
-        dspark.linear.SKINNY_ROWS = saved
-
-
 def layout(count: int) -> tuple[int, int]:
     """(requests, tokens each) for a verify pass of ``count`` tokens."""
     if count < TOKENS_PER_REQUEST:
@@ -78,7 +67,8 @@ def layout(count: int) -> tuple[int, int]:
 @torch.no_grad()
 def profile(model, counts: list[int], context: int, repeats: int, device: str,
             layouts: dict[str, int]) -> dict[str, list[dict]]:
-    """Rows of latencies per layout; ``layouts`` maps a name to a ``SKINNY_ROWS`` value. Within each count the
+    """Rows of latencies per layout; ``layouts`` maps a name to a
+    ``dspark.linear.set_skinny_rows`` value. Within each count the
     layouts' passes alternate, so a machine that drifts during the run slows every layout alike."""
     from transformers import DynamicCache
 
@@ -125,8 +115,12 @@ def main() -> None:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--context", type=int, default=None, help="KV tokens per request (cpu 256, cuda 1024)")
     parser.add_argument("--repeats", type=int, default=None, help="timed passes per count (cpu 5, cuda 10)")
+    parser.add_argument("--tag", default=None,
+                        help="keep another machine's results apart: writes sps_<device>_<tag>.json")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    if args.tag is not None and not re.fullmatch(r"[A-Za-z0-9-]+", args.tag):
+        parser.error(f"--tag takes letters, digits and dashes, got {args.tag!r}")
     torch.manual_seed(0)
     profiles = []
     if args.device == "cpu":
@@ -134,7 +128,7 @@ def main() -> None:
 
         context, repeats = args.context or 256, args.repeats or 5
         target = load_default_target()
-        layouts = {"skinny": dspark.linear.SKINNY_ROWS, "F.linear": 0}
+        layouts = {"skinny": SKINNY_ROWS, "F.linear": 0}
         print(f"SmolLM2-135M-Instruct (real weights, fp32), context {context}, linear layouts alternating")
         for name, rows in profile(target.model, COUNTS, context, repeats, "cpu", layouts).items():
             profiles.append({"model": "SmolLM2-135M-Instruct", "weights": "real", "dtype": "float32",
@@ -149,7 +143,8 @@ def main() -> None:
                              "rows": rows})
             del model
             torch.cuda.empty_cache()
-    print(write_result(f"sps_{args.device}", {"tokens_per_request": TOKENS_PER_REQUEST, "profiles": profiles},
+    name = f"sps_{args.device}" + (f"_{args.tag}" if args.tag else "")
+    print(write_result(name, {"tokens_per_request": TOKENS_PER_REQUEST, "profiles": profiles},
                        args.out))
 
 

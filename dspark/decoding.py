@@ -204,6 +204,33 @@ def profile_verify_sps(target, max_tokens: int, *, requests: int = 1, context: i
     return profile_sps(step, list(range(requests, max_tokens + 1)), repeats=repeats)
 
 
+def choose_few_row_layout(target, max_tokens: int, *, requests: int = 1, context: int = 64,
+                          repeats: int = 3) -> SPSTable:
+    """Keep the faster of :mod:`dspark.linear`'s few-row layouts for this process; return its SPS table.
+
+    On a CPU, which layout runs a verify pass faster depends on the CPU and its BLAS (see
+    :mod:`dspark.linear`). So, where an engine profiles its verify pass at start-up anyway, this profiles it
+    (:func:`profile_verify_sps`, same arguments) in both layouts, in the order ``(W · xᵀ)ᵀ``, ``F.linear``,
+    ``F.linear``, ``(W · xᵀ)ᵀ`` so that a machine drifting in speed weighs on both alike, keeps the one whose
+    latencies summed over ``requests`` … ``max_tokens`` tokens are lower (:func:`dspark.linear.skinny_rows`
+    then says which: 0 for ``F.linear``), and returns the mean of its two tables. The choice changes outputs
+    by rounding only. On a GPU there is one layout, and this is :func:`profile_verify_sps`.
+    """
+    from dspark.linear import SKINNY_ROWS, few_row_layout, set_skinny_rows
+
+    if target.device.type != "cpu":
+        return profile_verify_sps(target, max_tokens, requests=requests, context=context, repeats=repeats)
+    latencies = {SKINNY_ROWS: [], 0: []}
+    for rows in (SKINNY_ROWS, 0, 0, SKINNY_ROWS):
+        with few_row_layout(rows):
+            table = profile_verify_sps(target, max_tokens, requests=requests, context=context, repeats=repeats)
+        latencies[rows].append(1.0 / table.sps[1:])
+    mean = {rows: sum(runs) / len(runs) for rows, runs in latencies.items()}
+    kept = min(mean, key=lambda rows: float(mean[rows][requests - 1:].sum()))
+    set_skinny_rows(kept)
+    return SPSTable.from_latencies(list(range(1, max_tokens + 1)), mean[kept].tolist())
+
+
 class _Outputs:
     """Generated tokens of every request in one buffer ``[B, max_new_tokens]``: appended to and tested for
     completion with tensor ops, so a decoding step does no Python work per request."""

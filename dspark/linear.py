@@ -10,7 +10,12 @@ tall left operand and the few rows as a narrow right one, a shape it streams ``W
 one-token passes with ``F.linear`` and 0.87 / 0.80 / 1.36 in this layout. That is the verify pass's cost,
 and so what speculative decoding can gain, on CPUs.
 
-``Linear`` is ``nn.Linear`` with that layout on CPU inputs of at most :data:`SKINNY_ROWS` rows; it has the
+Which layout is faster depends on the CPU and its BLAS, though: on an Intel Xeon with AMX, ``F.linear``
+ran the same passes faster at every width from 2 to 8 tokens. So the layout is a process-wide setting
+(:func:`set_skinny_rows`, :func:`few_row_layout`), and :func:`dspark.decoding.choose_few_row_layout` times
+the target's verify pass in both at start-up and keeps the faster.
+
+``Linear`` is ``nn.Linear`` with that layout on CPU inputs of at most :func:`skinny_rows` rows; it has the
 same parameters and state-dict keys, so checkpoints and exports do not see it. On GPUs, and for longer
 inputs (prefill, training batches), it is ``F.linear``. Both layouts compute the same dot products; results
 agree to the dtype's rounding, not bitwise, because the products accumulate in another order.
@@ -18,14 +23,43 @@ agree to the dtype's rounding, not bitwise, because the products accumulate in a
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 SKINNY_ROWS = 64
-"""Inputs with at most this many rows take the ``(W · xᵀ)ᵀ`` layout on CPU (0 turns it off). It made the whole
-target forward faster at every width measured from 2 to 64 tokens; single products of 150 rows (a prefill)
-timed about even in the two layouts, so longer inputs keep ``F.linear``."""
+"""The default setting: inputs with at most this many rows take the ``(W · xᵀ)ᵀ`` layout on CPU. On the EPYC
+it made the whole target forward faster at every width measured from 2 to 64 tokens; single products of 150
+rows (a prefill) timed about even in the two layouts, so longer inputs keep ``F.linear``."""
+
+_skinny_rows = SKINNY_ROWS
+
+
+def skinny_rows() -> int:
+    """The most rows a CPU input may have to take the ``(W · xᵀ)ᵀ`` layout now (0: it is off)."""
+    return _skinny_rows
+
+
+def set_skinny_rows(rows: int) -> None:
+    """Let CPU inputs of 1 … ``rows`` rows take the ``(W · xᵀ)ᵀ`` layout from now on (0 turns it off)."""
+    global _skinny_rows
+    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
+        raise ValueError(f"rows must be an int >= 0, got {rows!r}")
+    _skinny_rows = rows
+
+
+@contextlib.contextmanager
+def few_row_layout(rows: int) -> Iterator[None]:
+    """Run the block with :func:`set_skinny_rows` at ``rows``, then restore the previous setting."""
+    saved = _skinny_rows
+    set_skinny_rows(rows)
+    try:
+        yield
+    finally:
+        set_skinny_rows(saved)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -34,7 +68,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     Few-row CPU inputs take the ``(W · xᵀ)ᵀ`` layout (see the module docstring); everything else ``F.linear``.
     """
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    if x.device.type != "cpu" or not 0 < rows <= SKINNY_ROWS or x.dtype != weight.dtype:
+    if x.device.type != "cpu" or not 0 < rows <= _skinny_rows or x.dtype != weight.dtype:
         return F.linear(x, weight, bias)
     out = (weight @ x.reshape(rows, x.shape[-1]).T).T
     if bias is not None:

@@ -3,9 +3,18 @@
 import pytest
 import torch
 
-from dspark.decoding import SamplingConfig, SpeculativeDecoder, generate, profile_verify_sps, speculative_generate
+import dspark.decoding
+from dspark.decoding import (
+    SamplingConfig,
+    SpeculativeDecoder,
+    choose_few_row_layout,
+    generate,
+    profile_verify_sps,
+    speculative_generate,
+)
+from dspark.linear import SKINNY_ROWS, few_row_layout, skinny_rows
 from dspark.scheduler import FixedLength, PrefixScheduler, ProductionScheduler, SPSTable, Threshold
-from dspark.testing import assert_close, chi_square_pvalue
+from dspark.testing import assert_close, assert_close_float64, chi_square_pvalue
 from tests.e2e.conftest import drafter_for, eagle3_for, tiny_target
 
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11, 12, 13, 14, 15], [3], [2, 11, 6]]
@@ -301,6 +310,32 @@ def test_verify_profiles_cover_the_batch_and_roll_every_pass_back(requests, monk
     for shape, valid, anchors in passes:
         assert shape == (requests, -(-valid // requests)) and anchors, (shape, valid)
     assert states[-1].valid.sum(1).tolist() == [5] * requests  # only the context is left valid
+
+
+@pytest.mark.parametrize("faster", [SKINNY_ROWS, 0])
+def test_choose_few_row_layout_keeps_the_faster_layout_and_its_table(faster, monkeypatch):
+    latencies = [0.10, 0.12, 0.13, 0.20]  # a pass of B = 1 … 4 tokens in the faster layout
+    profiled = []
+
+    def profile(target, max_tokens, *, requests, context, repeats):
+        profiled.append(skinny_rows())
+        slower = 1.0 if skinny_rows() == faster else 1.5
+        return SPSTable.from_latencies(range(1, max_tokens + 1), [slower * s for s in latencies])
+
+    monkeypatch.setattr(dspark.decoding, "profile_verify_sps", profile)
+    with few_row_layout(5):
+        table = choose_few_row_layout(tiny_target(), 4)
+        assert skinny_rows() == faster
+    assert profiled == [SKINNY_ROWS, 0, 0, SKINNY_ROWS]  # alternating, so drift weighs on both alike
+    assert_close_float64(1.0 / table.sps[1:], torch.tensor(latencies, dtype=torch.float64), name="kept table")
+
+
+def test_choose_few_row_layout_profiles_a_real_target():
+    with few_row_layout(SKINNY_ROWS):
+        table = choose_few_row_layout(tiny_target(), 3, requests=2, context=5, repeats=1)
+        assert skinny_rows() in (SKINNY_ROWS, 0)
+    assert table.max_tokens == 3
+    assert bool((table.sps[1:] > 0).all())
 
 
 def test_verify_profiles_refuse_more_requests_than_tokens():

@@ -4,8 +4,15 @@ import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dspark.linear import SKINNY_ROWS, Linear, linear, use_skinny_linears
+from dspark.linear import SKINNY_ROWS, Linear, few_row_layout, linear, set_skinny_rows, skinny_rows, use_skinny_linears
 from dspark.testing import assert_close, assert_close_float64
+
+
+@pytest.fixture(autouse=True)
+def default_layout():
+    # The layout is process-wide; these tests are about the default one, whatever ran before them.
+    with few_row_layout(SKINNY_ROWS):
+        yield
 
 
 @given(lead=st.lists(st.integers(0, 9), min_size=0, max_size=2), features=st.integers(1, 13),
@@ -42,6 +49,31 @@ def test_gradients_match_f_linear():
     want = torch.autograd.grad((F.linear(x, weight, bias) * upstream).sum(), (x, weight, bias))
     for name, g, w in zip(("x", "weight", "bias"), got, want):
         assert_close_float64(g, w, name=f"grad {name}")
+
+
+@pytest.mark.parametrize("rows", [1, 2, SKINNY_ROWS, SKINNY_ROWS + 1])
+def test_the_setting_routes_each_input_to_its_layout(rows):
+    gen = torch.Generator().manual_seed(rows)
+    x, weight = torch.randn(rows, 96, generator=gen), torch.randn(40, 96, generator=gen)
+    skinny = (weight @ x.T).T.contiguous()
+    assert torch.equal(linear(x, weight), skinny if rows <= SKINNY_ROWS else F.linear(x, weight))
+    with few_row_layout(0):
+        assert skinny_rows() == 0
+        assert torch.equal(linear(x, weight), F.linear(x, weight))
+    assert skinny_rows() == SKINNY_ROWS
+
+
+def test_few_row_layout_restores_the_setting_after_an_error():
+    with pytest.raises(KeyError), few_row_layout(3):
+        raise KeyError("inside")
+    assert skinny_rows() == SKINNY_ROWS
+
+
+@pytest.mark.parametrize("rows", [-1, 2.0, True, None])
+def test_set_skinny_rows_refuses_what_is_not_a_row_count(rows):
+    with pytest.raises(ValueError, match="rows must be an int"):
+        set_skinny_rows(rows)
+    assert skinny_rows() == SKINNY_ROWS
 
 
 def test_mismatched_dtypes_fail_as_in_f_linear():
