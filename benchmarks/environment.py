@@ -18,6 +18,7 @@ def environment() -> dict:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": platform.machine(),
         "processor": platform.processor() or platform.machine(),
+        "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -34,6 +35,20 @@ def environment() -> dict:
         info["device"] = torch.cuda.get_device_name(0)
         info["capability"] = ".".join(map(str, torch.cuda.get_device_capability(0)))
     return info
+
+
+def cpu_model() -> str | None:
+    """The CPU's model name as Linux reports it (``platform.processor()`` is often just the architecture), or
+    ``None`` where ``/proc/cpuinfo`` does not say. Speed results differ by CPU far more than by version."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and value.strip():
+            return value.strip()
+    return None
 
 
 def _commit() -> str:

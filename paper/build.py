@@ -90,7 +90,8 @@ SOURCES = {
                   "benchmarks/bench_scheduler.py"],
     "scheduler_measured_cpu": LIBRARY + ["benchmarks/bench_scheduler.py"],
     "appendix_a": ["dspark/scheduler.py", "benchmarks/bench_appendix_a.py"],
-    "sps_cpu": ["dspark/target.py", "dspark/scheduler.py", "benchmarks/bench_sps.py"],
+    "sps_cpu": ["dspark/target.py", "dspark/linear.py", "dspark/scheduler.py", "benchmarks/bench_sps.py"],
+    "sps_cpu_xeon": ["dspark/target.py", "dspark/linear.py", "dspark/scheduler.py", "benchmarks/bench_sps.py"],
     "sps_cuda": ["dspark/target.py", "dspark/scheduler.py", "benchmarks/bench_sps.py"],
     "e2e_cpu": LIBRARY + ["benchmarks/bench_e2e.py"],
     "kernels_cpu": LIBRARY + ["benchmarks/bench_kernels.py"],
@@ -223,7 +224,8 @@ def committed_recipe() -> dict:
 
 def machine(result: dict) -> str:
     env = result["environment"]
-    where = env["device"] if env["device"] != "cpu" else f"CPU ({env['processor']}, {num(env['cpu_count'], 'd')} cores)"
+    cpu = env.get("cpu_model") or env["processor"]
+    where = env["device"] if env["device"] != "cpu" else f"CPU ({cpu}, {num(env['cpu_count'], 'd')} cores)"
     printed.add(env["commit"].split("-")[0])  # a commit of digits only would read as a number
     return f"{where}, torch {env['torch']}, Triton {env.get('triton')}, commit {env['commit']}"
 
@@ -1154,24 +1156,35 @@ def _section_sps(out: list[str], figures: Path) -> None:
 
 
 def _layout_sentence(out: list[str]) -> None:
-    """What the few-row linear layout does to the CPU verify pass, from the two CPU profiles."""
-    result = load("sps_cpu")
-    layouts = {p.get("linear_layout"): p for p in result["profiles"]} if result else {}
-    if not {"skinny", "F.linear"} <= layouts.keys():
+    """What the few-row linear layout does to the CPU verify pass, from the CPU profiles of both layouts."""
+    profiles = {}
+    for name in ("sps_cpu", "sps_cpu_xeon"):
+        result = load(name)
+        layouts = {p.get("linear_layout"): p for p in result["profiles"]} if result else {}
+        if {"skinny", "F.linear"} <= layouts.keys():
+            profiles[name] = (result, layouts)
+    if "sps_cpu" not in profiles:
         return
 
-    def relative(layout: str) -> str:
-        ms = {r["tokens"]: r["seconds"] for r in layouts[layout]["rows"]}
+    def relative(name: str, layout: str) -> str:
+        ms = {r["tokens"]: r["seconds"] for r in profiles[name][1][layout]["rows"]}
         return " / ".join(num(ms[b] / ms[1], ".2f") for b in (2, 4, 8))
 
-    out.append("**The verify pass on a CPU.** With `F.linear`, a pass of 2 / 4 / 8 tokens costs "
-               f"{relative('F.linear')}× a one-token pass on {machine(result)}: with 2 to 64 rows the BLAS call is a "
-               "GEMM that, going by these timings, pays for repacking each weight matrix, where one row is a "
-               "matrix-vector product that reads it once. `dspark.linear` computes "
-               f"products of up to {num(layouts['skinny']['skinny_rows'], 'd')} rows as (W·xᵀ)ᵀ instead, which "
-               f"streams each weight once: {relative('skinny')}×. Every target and drafter in dspark runs that "
-               "layout on CPU (the verify-pass profiles are single runs of a few repeats, so read differences under "
-               "about 10% as noise).\n")
+    result, layouts = profiles["sps_cpu"]
+    text = ("**The verify pass on a CPU.** With `F.linear`, a pass of 2 / 4 / 8 tokens costs "
+            f"{relative('sps_cpu', 'F.linear')}× a one-token pass on {machine(result)}: with 2 to 64 rows the BLAS "
+            "call is a GEMM that, going by these timings, pays for repacking each weight matrix, where one row is a "
+            "matrix-vector product that reads it once. `dspark.linear` can compute "
+            f"products of up to {num(layouts['skinny']['skinny_rows'], 'd')} rows as (W·xᵀ)ᵀ instead, which "
+            f"streams each weight once: {relative('sps_cpu', 'skinny')}×.")
+    if "sps_cpu_xeon" in profiles:
+        text += (f" On {machine(profiles['sps_cpu_xeon'][0])} it is the other way round: "
+                 f"{relative('sps_cpu_xeon', 'F.linear')}× with `F.linear`, {relative('sps_cpu_xeon', 'skinny')}× "
+                 "as (W·xᵀ)ᵀ.")
+    out.append(text + " So the layout is not fixed: `dspark.decoding.choose_few_row_layout` profiles the verify "
+               "pass in both at start-up, as the demo and `bench_e2e.py` do, and keeps the faster for the process "
+               "(the verify-pass profiles are single runs of a few repeats, so read differences under about 10% as "
+               "noise).\n")
 
 
 def _section_compile_matrix(out: list[str]) -> None:
