@@ -213,8 +213,9 @@ def choose_few_row_layout(target, max_tokens: int, *, requests: int = 1, context
     (:func:`profile_verify_sps`, same arguments) in both layouts, in the order ``(W · xᵀ)ᵀ``, ``F.linear``,
     ``F.linear``, ``(W · xᵀ)ᵀ`` so that a machine drifting in speed weighs on both alike, keeps the one whose
     latencies summed over ``requests`` … ``max_tokens`` tokens are lower (:func:`dspark.linear.skinny_rows`
-    then says which: 0 for ``F.linear``), and returns the mean of its two tables. The choice changes outputs
-    by rounding only. On a GPU there is one layout, and this is :func:`profile_verify_sps`.
+    then says which: 0 for ``F.linear``), and returns the mean of its two tables. The setting is the
+    process's, so the drafter's layers follow it too. The choice changes outputs by rounding only. On a GPU
+    there is one layout, and this is :func:`profile_verify_sps`.
     """
     from dspark.linear import SKINNY_ROWS, few_row_layout, set_skinny_rows
 

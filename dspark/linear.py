@@ -31,9 +31,9 @@ import torch.nn.functional as F
 from torch import nn
 
 SKINNY_ROWS = 64
-"""The default setting: inputs with at most this many rows take the ``(W · xᵀ)ᵀ`` layout on CPU. On the EPYC
-it made the whole target forward faster at every width measured from 2 to 64 tokens; single products of 150
-rows (a prefill) timed about even in the two layouts, so longer inputs keep ``F.linear``."""
+"""The default setting: inputs with at most this many rows take the ``(W · xᵀ)ᵀ`` layout on CPU. On the AMD
+EPYC it made the whole target forward faster at every width measured from 2 to 64 tokens; single products of
+150 rows (a prefill) timed about even in the two layouts, so longer inputs keep ``F.linear``."""
 
 _skinny_rows = SKINNY_ROWS
 
