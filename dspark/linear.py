@@ -10,10 +10,11 @@ tall left operand and the few rows as a narrow right one, a shape it streams ``W
 one-token passes with ``F.linear`` and 0.87 / 0.80 / 1.36 in this layout. That is the verify pass's cost,
 and so what speculative decoding can gain, on CPUs.
 
-Which layout is faster depends on the CPU and its BLAS, though: on an Intel Xeon with AMX, ``F.linear``
-ran the same passes faster at every width from 2 to 8 tokens. So the layout is a process-wide setting
-(:func:`set_skinny_rows`, :func:`few_row_layout`), and :func:`dspark.decoding.choose_few_row_layout` times
-the target's verify pass in both at start-up and keeps the faster.
+Which layout is faster depends on the CPU and its BLAS, though: on a 2-core Intel Xeon with AMX
+(``sps_cpu_xeon.json``), ``F.linear`` ran passes of one, 2 and 4 tokens faster (65 / 75 / 102 ms against 70 /
+107 / 113 ms in this layout), and at 8 tokens the two were within 6%. So the layout is a process-wide setting
+(:func:`set_skinny_rows`, :func:`few_row_layout`), and :func:`dspark.decoding.choose_few_row_layout` times the
+target's verify pass in both at start-up and keeps the faster.
 
 ``Linear`` is ``nn.Linear`` with that layout on CPU inputs of at most :func:`skinny_rows` rows; it has the
 same parameters and state-dict keys, so checkpoints and exports do not see it. On GPUs, and for longer

@@ -1178,9 +1178,9 @@ def _layout_sentence(out: list[str]) -> None:
             f"products of up to {num(layouts['skinny']['skinny_rows'], 'd')} rows as (W·xᵀ)ᵀ instead, which "
             f"streams each weight once: {relative('sps_cpu', 'skinny')}×.")
     if "sps_cpu_xeon" in profiles:
-        text += (f" On {machine(profiles['sps_cpu_xeon'][0])} it is the other way round: "
-                 f"{relative('sps_cpu_xeon', 'F.linear')}× with `F.linear`, {relative('sps_cpu_xeon', 'skinny')}× "
-                 "as (W·xᵀ)ᵀ.")
+        text += (f" Another CPU's BLAS behaves otherwise: on {machine(profiles['sps_cpu_xeon'][0])}, the same "
+                 f"passes cost {relative('sps_cpu_xeon', 'F.linear')}× with `F.linear` and "
+                 f"{relative('sps_cpu_xeon', 'skinny')}× as (W·xᵀ)ᵀ.")
     out.append(text + " So the layout is not fixed: `dspark.decoding.choose_few_row_layout` profiles the verify "
                "pass in both at start-up, as the demo and `bench_e2e.py` do, and keeps the faster for the process "
                "(the verify-pass profiles are single runs of a few repeats, so read differences under about 10% as "
