@@ -67,9 +67,9 @@ def layout(count: int) -> tuple[int, int]:
 @torch.no_grad()
 def profile(model, counts: list[int], context: int, repeats: int, device: str,
             layouts: dict[str, int]) -> dict[str, list[dict]]:
-    """Rows of latencies per layout; ``layouts`` maps a name to a
-    ``dspark.linear.set_skinny_rows`` value. Within each count the
-    layouts' passes alternate, so a machine that drifts during the run slows every layout alike."""
+    """Rows of latencies per layout; ``layouts`` maps a name to a ``dspark.linear.set_skinny_rows`` value.
+    Within each count the layouts' passes alternate, so a machine that drifts during the run slows every layout
+    alike."""
     from transformers import DynamicCache
 
     vocab = model.config.vocab_size
