@@ -57,7 +57,8 @@ def _train_settings(args) -> dict:
             loaded["answers"] = str(Path(args.config).resolve().parent / loaded["answers"])
         settings.update(loaded)
     flags = {"objective": args.objective, "steps": args.steps, "num_prompts": args.prompts,
-             "num_draft_layers": args.layers, "block_size": args.block_size, "precision": args.precision}
+             "num_draft_layers": args.layers, "block_size": args.block_size, "precision": args.precision,
+             "ce_weight": args.ce_weight, "l1_weight": args.l1_weight}
     settings.update({k: v for k, v in flags.items() if v is not None})
     return settings
 
@@ -85,6 +86,10 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("--precision", choices=["auto", "bf16", "fp32"], default=None,
                        help="the answering target's and the training's dtype (default auto: bf16 where this "
                             "machine runs it faster than fp32)")
+    train.add_argument("--ce-weight", type=float, default=None,
+                       help="dspark objective: the cross-entropy term's weight (default 0.1)")
+    train.add_argument("--l1-weight", type=float, default=None,
+                       help="dspark objective: the L1 (distribution-matching) term's weight (default 0.9)")
     train.add_argument("--output", default=None, help="default: the cache the demo reads")
     export = sub.add_parser("export", help="write a trained drafter in the speculators format vLLM serves")
     export.add_argument("--drafter", default=None, help="dspark drafter directory (default: the demo's)")
@@ -112,7 +117,9 @@ def main(argv: list[str] | None = None) -> int:
 
         tune_cpu_allocator()
         settings = _train_settings(args)
-        output = args.output or default_drafter_dir().with_name(f"smollm2-135m-instruct-{settings['objective']}")
+        reweighted = settings.get("ce_weight") is not None or settings.get("l1_weight") is not None
+        name = f"smollm2-135m-instruct-{settings['objective']}" + ("-reweighted" if reweighted else "")
+        output = args.output or default_drafter_dir().with_name(name)
         path = train_default_drafter(output, **settings)
         print(f"wrote {path}")
         return 0

@@ -35,7 +35,7 @@ import torch
 from dspark.checkpoint import load_drafter, write_drafter_files
 from dspark.drafter import DSparkDrafter
 from dspark.io import atomic_directory
-from dspark.loss import DECAY, dspark_loss, position_weights, vocab_product
+from dspark.loss import CE_WEIGHT, CONFIDENCE_WEIGHT, DECAY, L1_WEIGHT, dspark_loss, position_weights, vocab_product
 
 
 @dataclass
@@ -230,6 +230,11 @@ class TrainConfig:
     ``objective``: ``dspark`` (0.1·CE + 0.9·L1 + BCE, method.md §8), ``dflash`` (CE), or ``eagle3`` (the
     unrolled soft-CE of :class:`dspark.eagle3.Eagle3Drafter`, method.md §8.1; anchors unused).
 
+    ``ce_weight`` and ``l1_weight`` replace the dspark objective's 0.1 and 0.9 (``None`` keeps them). The
+    L1 term matches the drafter's whole distribution to the target's, which is what acceptance under
+    sampling rewards; greedy verification rewards only the argmax, which cross-entropy trains directly.
+    The confidence head's BCE stays at weight 1 either way: its label, ``1 − L1/2``, needs no L1 gradient.
+
     ``precision``: ``bf16`` runs the drafter under bf16 autocast and the loss's vocabulary products on bf16
     operands (softmax, CE, L1 and the weights' updates stay fp32); ``fp32`` runs everything in fp32;
     ``auto`` is bf16 on a GPU and fp32 on a CPU. On CPUs with bf16 units ``bf16`` is about twice as fast;
@@ -251,10 +256,19 @@ class TrainConfig:
     loss_backend: str = "auto"
     loss_chunk_rows: int | None = None
     precision: str = "auto"
+    ce_weight: float | None = None
+    l1_weight: float | None = None
 
     def __post_init__(self):
         if self.objective not in ("dspark", "dflash", "eagle3"):
             raise ValueError(f"objective must be 'dspark', 'dflash' or 'eagle3', got {self.objective!r}")
+        if self.objective != "dspark" and (self.ce_weight is not None or self.l1_weight is not None):
+            raise ValueError(f"ce_weight and l1_weight apply to the dspark objective, not {self.objective!r}")
+        weights = self.loss_weights()
+        if not all(math.isfinite(weights[k]) and weights[k] >= 0 for k in ("ce_weight", "l1_weight")) \
+                or weights["ce_weight"] + weights["l1_weight"] == 0:
+            raise ValueError(f"ce_weight and l1_weight must be finite, non-negative and not both 0, got "
+                             f"{weights['ce_weight']} and {weights['l1_weight']}")
         if self.steps < 1 or self.sequences_per_step < 1 or self.num_anchors < 1:
             raise ValueError("steps, sequences_per_step and num_anchors must be positive")
         if self.precision not in ("auto", "fp32", "bf16"):
@@ -263,7 +277,9 @@ class TrainConfig:
     def loss_weights(self) -> dict:
         if self.objective in ("dflash", "eagle3"):
             return dict(ce_weight=1.0, l1_weight=0.0, confidence_weight=0.0)
-        return dict(ce_weight=0.1, l1_weight=0.9, confidence_weight=1.0)
+        return dict(ce_weight=CE_WEIGHT if self.ce_weight is None else float(self.ce_weight),
+                    l1_weight=L1_WEIGHT if self.l1_weight is None else float(self.l1_weight),
+                    confidence_weight=CONFIDENCE_WEIGHT)
 
 
 def lr_factor(step: int, config: TrainConfig) -> float:
@@ -625,7 +641,8 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
                           num_draft_layers: int = 2, markov_rank: int = 32, block_size: int = 7, num_anchors: int = 48,
                           sequences_per_step: int = 4, draft_vocab_size: int | None = 16384, lr: float = 1e-3,
                           precision: str = "auto", held_out: int = 48, eval_every: int = 200,
-                          seed: int = 0, answers: str | os.PathLike | None = None,
+                          seed: int = 0, ce_weight: float | None = None, l1_weight: float | None = None,
+                          answers: str | os.PathLike | None = None,
                           work_dir: str | os.PathLike | None = None, calibrate: bool = True,
                           progress: bool = True) -> Path:
     """Train a drafter for SmolLM2-135M-Instruct on ShareGPT prompts answered by the target, on the CPU.
@@ -652,6 +669,9 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     ``auto`` takes :func:`fastest_precision` on this machine: bf16 is about 2.3× faster than fp32 on CPUs with
     bf16 units and tens of times slower on CPUs without. Corpora of the two precisions are cached apart.
 
+    ``ce_weight`` and ``l1_weight`` (dspark objective only) replace its 0.1·CE + 0.9·L1 mix (see
+    :class:`TrainConfig`); a run with either set checkpoints apart from the recipe's.
+
     ``seed`` sets the drafter's initial weights and the anchors each step samples; the data and its order do
     not depend on it, so runs that differ only in ``seed`` measure the spread that training noise alone gives.
 
@@ -672,6 +692,7 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     t0 = time.perf_counter()
     if precision not in ("auto", "fp32", "bf16"):
         raise ValueError(f"precision must be 'auto', 'fp32' or 'bf16', got {precision!r}")
+    TrainConfig(objective=objective, ce_weight=ce_weight, l1_weight=l1_weight)  # refuse bad weights up front
     resolved = fastest_precision("cpu") if precision == "auto" else precision
     corpus_dir = recipe_corpus_dir(work, resolved, max_new_tokens, num_prompts)
     prompts = load_training_prompts(num_prompts)
@@ -725,10 +746,13 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     source = OfflineFeatures(corpus_dir, target.tap_layers, target.hidden_size)
     train_config = TrainConfig(steps=steps, objective=objective, num_anchors=num_anchors, lr=lr,
                                sequences_per_step=sequences_per_step, eval_every=eval_every,
-                               checkpoint_every=eval_every, precision=resolved, seed=seed)
+                               checkpoint_every=eval_every, precision=resolved, seed=seed,
+                               ce_weight=ce_weight, l1_weight=l1_weight)
     trainer = Trainer(drafter, target.lm_head_weight(), source, train, train_config, held_out=evaluation)
     name = f"checkpoint-{objective}-layers{num_draft_layers}-block{block_size}-steps{steps}-" \
-           f"vocab{vocab_size or 'full'}-{len(samples)}seq-{resolved}" + (f"-seed{seed}" if seed else "")
+           f"vocab{vocab_size or 'full'}-{len(samples)}seq-{resolved}" + (f"-seed{seed}" if seed else "") + \
+           ("" if ce_weight is None and l1_weight is None else
+            "-ce{ce_weight}-l1_{l1_weight}".format(**train_config.loss_weights()))
     checkpoint = work / name
     if (checkpoint / "trainer_state.json").exists():
         trainer.resume(checkpoint, target)
@@ -740,7 +764,8 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
                  "steps": steps, "num_draft_layers": num_draft_layers, "markov_rank": markov_rank,
                  "block_size": block_size, "num_anchors": num_anchors, "sequences_per_step": sequences_per_step,
                  "draft_vocab_size": draft_vocab_size, "lr": lr, "precision": precision, "held_out": held_out,
-                 "eval_every": eval_every, "seed": seed, "calibrate": calibrate,
+                 "eval_every": eval_every, "seed": seed, "ce_weight": ce_weight, "l1_weight": l1_weight,
+                 "calibrate": calibrate,
                  "answers": None if answers is None else Path(answers).name}
     metadata = {"objective": objective, "steps": trainer.step, "train_sequences": len(train),
                 "held_out_sequences": len(evaluation),
