@@ -2,8 +2,12 @@
 
 A drafter that ``python -m dspark train --config benchmarks/recipes/smollm2_drafter.json [--objective ...]``
 wrote to the dspark cache wins; otherwise the committed one is used: the DSpark drafter ships inside the
-package, the DFlash and EAGLE-3-style baselines under ``benchmarks/drafters/``, so the comparisons can be
-re-run on a fresh checkout without retraining.
+package, the baselines under ``benchmarks/drafters/``, so the comparisons can be re-run on a fresh checkout
+without retraining.
+
+The arms: ``dspark`` (the recipe), ``dflash`` and ``eagle3`` (its ``--objective`` baselines), and ``dspark-ce``,
+the DSpark drafter trained on cross-entropy alone (``--ce-weight 1 --l1-weight 0``): the DSpark architecture
+with DFlash's loss, which separates what the Markov head adds from what the L1 term adds.
 """
 
 from __future__ import annotations
@@ -12,28 +16,32 @@ import datetime
 import json
 from pathlib import Path
 
-OBJECTIVES = ("dspark", "dflash", "eagle3")
+from dspark.training import loss_weights_suffix
+
+ARMS = {"dspark": "smollm2-135m-instruct-dspark", "dflash": "smollm2-135m-instruct-dflash",
+        "eagle3": "smollm2-135m-instruct-eagle3",
+        "dspark-ce": "smollm2-135m-instruct-dspark" + loss_weights_suffix(1.0, 0.0)}
 COMMITTED = Path(__file__).resolve().parent / "drafters"
 
 
-def candidates(objective: str) -> list[Path]:
-    """The directories that may hold ``objective``'s drafter, the one to prefer first."""
+def candidates(arm: str) -> list[Path]:
+    """The directories that may hold ``arm``'s drafter, the one to prefer first."""
     from dspark.checkpoint import default_drafter_dir, shipped_drafter_dir
 
-    if objective not in OBJECTIVES:
-        raise ValueError(f"unknown objective {objective!r}: expected one of {OBJECTIVES}")
-    cached = default_drafter_dir().with_name(f"smollm2-135m-instruct-{objective}")
-    committed = shipped_drafter_dir() if objective == "dspark" else COMMITTED / cached.name
+    if arm not in ARMS:
+        raise ValueError(f"unknown arm {arm!r}: expected one of {tuple(ARMS)}")
+    cached = default_drafter_dir().with_name(ARMS[arm])
+    committed = shipped_drafter_dir() if arm == "dspark" else COMMITTED / cached.name
     return [cached, committed]
 
 
 def trained_drafters() -> dict[str, Path]:
-    """objective -> directory of its trained drafter, for the objectives that have one."""
+    """arm -> directory of its trained drafter, for the arms that have one."""
     found = {}
-    for objective in OBJECTIVES:
-        for directory in candidates(objective):
+    for arm in ARMS:
+        for directory in candidates(arm):
             if (directory / "model.safetensors").exists():
-                found[objective] = directory
+                found[arm] = directory
                 break
     return found
 

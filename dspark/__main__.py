@@ -113,12 +113,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "train":
         from dspark.checkpoint import default_drafter_dir
-        from dspark.training import train_default_drafter, tune_cpu_allocator
+        from dspark.training import loss_weights_suffix, train_default_drafter, tune_cpu_allocator
 
         tune_cpu_allocator()
         settings = _train_settings(args)
-        reweighted = settings.get("ce_weight") is not None or settings.get("l1_weight") is not None
-        name = f"smollm2-135m-instruct-{settings['objective']}" + ("-reweighted" if reweighted else "")
+        name = f"smollm2-135m-instruct-{settings['objective']}" + \
+            loss_weights_suffix(settings.get("ce_weight"), settings.get("l1_weight"))
         output = args.output or default_drafter_dir().with_name(name)
         path = train_default_drafter(output, **settings)
         print(f"wrote {path}")

@@ -751,8 +751,7 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     trainer = Trainer(drafter, target.lm_head_weight(), source, train, train_config, held_out=evaluation)
     name = f"checkpoint-{objective}-layers{num_draft_layers}-block{block_size}-steps{steps}-" \
            f"vocab{vocab_size or 'full'}-{len(samples)}seq-{resolved}" + (f"-seed{seed}" if seed else "") + \
-           ("" if ce_weight is None and l1_weight is None else
-            "-ce{ce_weight}-l1_{l1_weight}".format(**train_config.loss_weights()))
+           loss_weights_suffix(ce_weight, l1_weight)
     checkpoint = work / name
     if (checkpoint / "trainer_state.json").exists():
         trainer.resume(checkpoint, target)
@@ -784,6 +783,15 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     # Results measured before this moment used an earlier drafter; a copied or checked-out file's mtime cannot say.
     metadata["trained_at"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     return save_drafter(trainer.drafter, output_dir, dtype=torch.bfloat16, metadata=metadata)
+
+
+def loss_weights_suffix(ce_weight: float | None = None, l1_weight: float | None = None) -> str:
+    """What names a run with the dspark objective's weights replaced: ``""`` for the recipe's, else
+    ``-ce{ce}-l1_{l1}`` (``-ce1-l1_0`` for cross-entropy alone)."""
+    if ce_weight is None and l1_weight is None:
+        return ""
+    weights = TrainConfig(ce_weight=ce_weight, l1_weight=l1_weight).loss_weights()
+    return f"-ce{weights['ce_weight']:g}-l1_{weights['l1_weight']:g}"
 
 
 def _coverage(answers: list[torch.Tensor], mapping: torch.Tensor, vocab_size: int) -> float:

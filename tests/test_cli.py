@@ -9,7 +9,8 @@ from dspark.__main__ import _train_settings
 
 
 def _args(**flags):
-    base = dict(config=None, objective=None, steps=None, prompts=None, layers=None, block_size=None, precision=None)
+    base = dict(config=None, objective=None, steps=None, prompts=None, layers=None, block_size=None, precision=None,
+                ce_weight=None, l1_weight=None)
     return argparse.Namespace(**{**base, **flags})
 
 
@@ -20,6 +21,8 @@ def test_config_file_then_flags(tmp_path):
     assert _train_settings(_args()) == {"objective": "dspark"}
     assert _train_settings(_args(config=str(config), steps=10, block_size=15, precision="fp32")) == {
         "objective": "eagle3", "steps": 10, "markov_rank": 8, "block_size": 15, "precision": "fp32"}
+    assert _train_settings(_args(config=str(config), objective="dspark", ce_weight=1.0, l1_weight=0.0)) == {
+        "objective": "dspark", "steps": 50, "markov_rank": 8, "precision": "auto", "ce_weight": 1.0, "l1_weight": 0.0}
 
 
 def test_unknown_config_keys_are_refused(tmp_path):

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from benchmarks.trained import COMMITTED, OBJECTIVES, candidates, trained_at, trained_drafters
+from benchmarks.trained import ARMS, COMMITTED, candidates, trained_at, trained_drafters
 from dspark.checkpoint import shipped_drafter_dir
 
 
@@ -17,18 +17,20 @@ def _drafter(directory, metadata):
     return directory
 
 
-def test_the_cache_wins_and_every_objective_falls_back_to_a_committed_drafter(tmp_path, monkeypatch):
+def test_the_cache_wins_and_every_arm_falls_back_to_a_committed_drafter(tmp_path, monkeypatch):
     monkeypatch.setenv("DSPARK_CACHE", str(tmp_path))
     assert candidates("dspark")[1] == shipped_drafter_dir()
     assert candidates("dflash")[1] == COMMITTED / "smollm2-135m-instruct-dflash"
+    # the name `python -m dspark train --ce-weight 1 --l1-weight 0` writes to by default
+    assert candidates("dspark-ce")[0] == tmp_path / "drafters" / "smollm2-135m-instruct-dspark-ce1-l1_0"
     committed = trained_drafters()
     cached = _drafter(tmp_path / "drafters" / "smollm2-135m-instruct-dflash", {})
     assert trained_drafters() == {**committed, "dflash": cached}
-    assert set(committed) <= set(OBJECTIVES) and committed["dspark"] == shipped_drafter_dir()
+    assert set(committed) <= set(ARMS) and committed["dspark"] == shipped_drafter_dir()
 
 
-def test_unknown_objective_is_refused():
-    with pytest.raises(ValueError, match="unknown objective"):
+def test_unknown_arm_is_refused():
+    with pytest.raises(ValueError, match="unknown arm"):
         candidates("medusa")
 
 

@@ -13,6 +13,7 @@ from dspark.training import (
     TrainConfig,
     Trainer,
     block_targets,
+    loss_weights_suffix,
     sample_anchors,
     source_commit,
     tune_cpu_allocator,
@@ -79,6 +80,33 @@ def test_dflash_objective_trains_without_markov_or_confidence():
     history = trainer.fit(progress=False)
     last = history[-1]
     assert last["bce"] == 0 and last["ce"] > 0 and last["loss"] == pytest.approx(last["ce"])  # CE only
+
+
+def test_dspark_objective_with_cross_entropy_alone_keeps_the_markov_and_confidence_heads():
+    """``ce_weight=1, l1_weight=0``: the step's loss is CE + BCE; the L1 it reports is measured, not trained."""
+    trainer, _ = tiny_trainer(steps=3, ce_weight=1.0, l1_weight=0.0)
+    last = trainer.fit(progress=False)[-1]
+    assert last["bce"] > 0 and last["l1"] > 0
+    assert last["loss"] == pytest.approx(last["ce"] + last["bce"], rel=1e-5)
+    recipe = tiny_trainer(steps=3)[0].fit(progress=False)[-1]
+    assert recipe["loss"] == pytest.approx(0.1 * recipe["ce"] + 0.9 * recipe["l1"] + recipe["bce"], rel=1e-5)
+
+
+@pytest.mark.parametrize("settings, match", [
+    (dict(objective="dflash", ce_weight=1.0), "apply to the dspark objective"),
+    (dict(ce_weight=0.0, l1_weight=0.0), "not both 0"),
+    (dict(ce_weight=-0.5), "non-negative"),
+    (dict(l1_weight=float("nan")), "finite"),
+])
+def test_bad_loss_weights_are_refused(settings, match):
+    with pytest.raises(ValueError, match=match):
+        TrainConfig(**settings)
+
+
+def test_reweighted_runs_are_named_apart_from_the_recipe():
+    assert loss_weights_suffix() == ""
+    assert loss_weights_suffix(1.0, 0.0) == "-ce1-l1_0"
+    assert loss_weights_suffix(0.5) == "-ce0.5-l1_0.9"  # the unset weight keeps the recipe's value
 
 
 def test_training_lowers_held_out_loss():
