@@ -1,13 +1,13 @@
 """Acceptance on held-out real prompts: τ and per-position acceptance per domain, T = 0 and T = 1.
 
-Each available drafter for the default target (``--drafters name=DIR``; by default the trained DSpark,
-DFlash and EAGLE-3-style drafters, cached or committed: ``benchmarks.trained``) decodes the same held-out
-prompts (math: GSM8K, code: HumanEval, chat: MT-Bench first turns; never in the training pool) with every
-drafted slot verified. τ counts the bonus token (``paper/method.md`` §9, vLLM's ``1 + accepted / drafts``);
-acceptance by position is given both conditional (the paper's Fig. 2) and unconditional (DeepSpec's
-``accept_rate@pos``). Each prompt's committed tokens and rounds are kept too, so that two drafters can be
-compared prompt by prompt (the paper's paired interval), and how often a drafted token repeats the slot before
-it, beside how often the decoded output does. Writes ``benchmarks/results/acceptance_cpu.json``.
+Each available drafter for the default target (``--drafters name=DIR``; by default the trained DSpark, DFlash and
+EAGLE-3-style drafters and DSpark trained on cross-entropy alone, cached or committed: ``benchmarks.trained``)
+decodes the same held-out prompts (math: GSM8K, code: HumanEval, chat: MT-Bench first turns; never in the training
+pool) with every drafted slot verified. τ counts the bonus token (``paper/method.md`` §9, vLLM's ``1 + accepted /
+drafts``); acceptance by position is given both conditional (the paper's Fig. 2) and unconditional (DeepSpec's
+``accept_rate@pos``). Each prompt's committed tokens and rounds are kept too, so that two drafters can be compared
+prompt by prompt (the paper's paired interval), and how often a drafted token repeats the slot before it, beside how
+often the decoded output does. Writes ``benchmarks/results/acceptance_cpu.json``.
 
     python benchmarks/bench_acceptance.py [--prompts-per-domain 8] [--max-new-tokens 64]
 """

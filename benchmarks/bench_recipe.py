@@ -1,10 +1,11 @@
 """The training recipe's record: the corpus, regeneration speed, draft-vocabulary coverage, each arm's wall-clock
 per phase and its held-out τ_prob against the answer tokens it had seen.
 
-Reads what ``python -m dspark train --config benchmarks/recipes/smollm2_drafter.json`` (and ``--objective
-dflash`` / ``eagle3``) wrote: the trained drafters (``benchmarks.trained``: cached, else committed), whose
-metadata holds the run, and the corpus's ``corpus.json``. Regeneration speed is compared with plain batch-1
-generation by the same bf16 target on a few held-out prompts, measured here in one run. Writes ``training_recipe.json``.
+Reads what ``python -m dspark train --config benchmarks/recipes/smollm2_drafter.json`` (and ``--objective dflash`` /
+``eagle3``, and ``--ce-weight 1 --l1-weight 0``) wrote: the trained drafters (``benchmarks.trained``: cached, else
+committed), whose metadata holds the run, and the corpus's ``corpus.json``. Regeneration speed is compared with
+plain batch-1 generation by the same bf16 target on a few held-out prompts, measured here in one run. Writes
+``training_recipe.json``.
 
     python benchmarks/bench_recipe.py [--out benchmarks/results]
 """

@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 PAPER = Path(__file__).resolve().parent
 DOMAINS = ("math", "code", "chat")
-LABELS = {"dspark": "DSpark", "dflash": "DFlash", "eagle3": "EAGLE-3-style"}
-COLORS = {"dspark": "tab:red", "dflash": "tab:blue", "eagle3": "tab:green"}
+LABELS = {"dspark": "DSpark", "dflash": "DFlash", "eagle3": "EAGLE-3-style", "dspark-ce": "DSpark, CE only"}
+COLORS = {"dspark": "tab:red", "dflash": "tab:blue", "eagle3": "tab:green", "dspark-ce": "tab:purple"}
 
 # The DSpark paper, Table 1, Qwen3-4B, T = 1: τ including the bonus token.
 PAPER_TAU = {"eagle3": {"math": 5.14, "code": 4.16, "chat": 2.39},
@@ -192,6 +192,19 @@ def recipe_difference(arguments: dict, recipe: dict) -> str:
     return f" Trained by an earlier recipe ({listed}), not re-trained since."
 
 
+def loss_difference(arguments: dict) -> str:
+    """A sentence when a DSpark drafter was trained on other loss weights than the recipe's, or ""."""
+    weights = {k: arguments.get(k) for k in ("ce_weight", "l1_weight")}
+    if all(v is None for v in weights.values()):
+        return ""
+    from dspark.loss import CE_WEIGHT, L1_WEIGHT
+
+    ce = CE_WEIGHT if weights["ce_weight"] is None else weights["ce_weight"]
+    l1 = L1_WEIGHT if weights["l1_weight"] is None else weights["l1_weight"]
+    return (f" Its loss weighs cross-entropy by {num(ce, 'g')} and L1 by {num(l1, 'g')}, where the recipe weighs "
+            f"them by {num(CE_WEIGHT, 'g')} and {num(L1_WEIGHT, 'g')}.")
+
+
 def eagle3_budget_sentence(arms: dict) -> str:
     """How the EAGLE-3-style arm's training budget compares with DSpark's (``arms``: drafter metadata by name),
     followed by a space; empty without both arms. Answer tokens are compared too: arms trained on separately
@@ -299,21 +312,32 @@ def section_acceptance(out: list[str], figures: Path) -> None:
                        f"{num(meta[name].get('steps'), 'd')} steps on "
                        f"{num(meta[name].get('train_sequences'), 'd')} sequences; held-out τ_prob "
                        f"{num(final.get('eval_tau_prob', float('nan')))} at the last evaluation."
-                       + recipe_difference(arguments, recipe) + _other_run(name, final, recorded))
+                       + recipe_difference(arguments, recipe) + loss_difference(arguments)
+                       + _other_run(name, final, recorded))
     out.append("")
     order = _ranking(rows, 1.0)
     if order:
         out.append(f"At T = 1 the order by mean τ over the three domains is {order} (the paper: DSpark > DFlash > "
                    "EAGLE-3 on Qwen3 targets).\n")
-    gaps = {t: {d: _paired_gap(rows, "dspark", "dflash", t, d) for d in DOMAINS} for t in (0.0, 1.0)}
-    if all(g for by_domain in gaps.values() for g in by_domain.values()):
-        cells = {t: "; ".join(f"{d} {num(g[0], '+.3f')} [{num(g[1], '+.3f')}, {num(g[2], '+.3f')}]"
-                              for d, g in by_domain.items()) for t, by_domain in gaps.items()}
+    cells = _paired_cells(rows, "dspark", "dflash")
+    if cells:
         out.append("DSpark's τ minus DFlash's, paired over the same prompts, with a 95% bootstrap interval that "
                    f"resamples prompts: at T = 0 {cells[0.0]}; at T = 1 {cells[1.0]}. At T = 0 both decode the "
                    "target's greedy output, so only acceptance differs; at T = 1 the sampled outputs differ too. "
                    "An interval that contains 0 means these prompts cannot tell the two drafters apart."
-                   + _unequal_budget(meta) + "\n")
+                   + _unequal_budget(meta, "dspark", "dflash") + "\n")
+    heads, l1_term = _paired_cells(rows, "dspark-ce", "dflash"), _paired_cells(rows, "dspark", "dspark-ce")
+    if heads and l1_term:
+        out.append("DSpark differs from DFlash in two ways: its Markov and confidence heads, and its loss (L1 to the "
+                   "target's distribution, mostly, where DFlash has cross-entropy). The DSpark drafter trained on "
+                   "cross-entropy alone (*DSpark, CE only*: the same data, steps and recipe otherwise) separates them. "
+                   f"What the heads add, DSpark CE only minus DFlash: at T = 0 {heads[0.0]}; at T = 1 {heads[1.0]}."
+                   + _unequal_budget(meta, "dspark-ce", "dflash") + " What the L1 term adds, DSpark minus DSpark CE "
+                   f"only: at T = 0 {l1_term[0.0]}; at T = 1 {l1_term[1.0]}."
+                   + _unequal_budget(meta, "dspark", "dspark-ce") + " L1 rewards a draft distribution close to the "
+                   "target's everywhere, which is what acceptance under sampling pays for; greedy verification "
+                   "accepts a slot only when the drafter's argmax is the target's, which cross-entropy trains "
+                   "directly.\n")
     _repeat_table(out, rows)
     _figure_acceptance(rows, figures)
     out.append("![Conditional acceptance by position](figures/acceptance_by_position.png)\n")
@@ -323,14 +347,24 @@ def section_acceptance(out: list[str], figures: Path) -> None:
                f"{quote(0.72)} vs {quote(0.53)} on chat, and DSpark starting at {quote(0.93)} on math.*\n")
 
 
-def _unequal_budget(meta: dict) -> str:
-    """A sentence when DSpark and DFlash were trained for different numbers of steps (``meta``: drafter metadata
-    by name), else ""."""
-    steps = {name: meta.get(name, {}).get("steps") for name in ("dspark", "dflash")}
-    if None in steps.values() or steps["dspark"] == steps["dflash"]:
+def _paired_cells(rows: list[dict], a: str, b: str) -> dict[float, str] | None:
+    """Per temperature (0 and 1), "math +x [lo, hi]; code ...; chat ..." for drafter ``a``'s τ minus ``b``'s
+    (:func:`_paired_gap`); None unless every domain at both temperatures has per-prompt counts for both."""
+    gaps = {t: {d: _paired_gap(rows, a, b, t, d) for d in DOMAINS} for t in (0.0, 1.0)}
+    if not all(g for by_domain in gaps.values() for g in by_domain.values()):
+        return None
+    return {t: "; ".join(f"{d} {num(g[0], '+.3f')} [{num(g[1], '+.3f')}, {num(g[2], '+.3f')}]"
+                         for d, g in by_domain.items()) for t, by_domain in gaps.items()}
+
+
+def _unequal_budget(meta: dict, a: str, b: str) -> str:
+    """A sentence when drafters ``a`` and ``b`` were trained for different numbers of steps (``meta``: drafter
+    metadata by name), else ""."""
+    steps = {name: meta.get(name, {}).get("steps") for name in (a, b)}
+    if None in steps.values() or steps[a] == steps[b]:
         return ""
-    return (f" DSpark was trained for {num(steps['dspark'], 'd')} steps and DFlash for {num(steps['dflash'], 'd')}, "
-            "so these gaps are not at equal training budget.")
+    return (f" {LABELS.get(a, a)} was trained for {num(steps[a], 'd')} steps and {LABELS.get(b, b)} for "
+            f"{num(steps[b], 'd')}, so these gaps are not at equal training budget.")
 
 
 def _repeat_table(out: list[str], rows: list[dict]) -> None:
@@ -447,7 +481,8 @@ def section_training(out: list[str], figures: Path) -> None:
         return
     regen, arms, recipe = result["regeneration"], result["arms"], result["recipe"]
     out.append("**How it was measured.** One command per arm, `python -m dspark train --config "
-               "benchmarks/recipes/smollm2_drafter.json [--objective dflash|eagle3]`, on this CPU; "
+               "benchmarks/recipes/smollm2_drafter.json [--objective dflash|eagle3 | --ce-weight 1 --l1-weight 0]`, "
+               "on this CPU; "
                "`benchmarks/bench_recipe.py` collects what the runs recorded. "
                f"Measured on {machine(result)}.\n")
     pool = regen["settings"]["num_prompts"]

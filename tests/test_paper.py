@@ -83,8 +83,30 @@ def test_the_eagle3_budget_sentence_says_what_differs_from_dspark():
     assert "trained for 900 steps on 7638 sequences, DSpark for 2000 on 7638" in shorter
 
 
-def test_the_dflash_gap_says_when_budgets_differ():
-    assert builder._unequal_budget({"dspark": {"steps": 2000}, "dflash": {"steps": 2000}}) == ""
-    assert builder._unequal_budget({"dspark": {"steps": 2000}}) == ""
-    sentence = builder._unequal_budget({"dspark": {"steps": 4000}, "dflash": {"steps": 2000}})
-    assert "4000 steps and DFlash for 2000" in sentence and "not at equal training budget" in sentence
+def test_a_paired_gap_says_when_budgets_differ():
+    assert builder._unequal_budget({"dspark": {"steps": 2000}, "dflash": {"steps": 2000}}, "dspark", "dflash") == ""
+    assert builder._unequal_budget({"dspark": {"steps": 2000}}, "dspark", "dflash") == ""
+    sentence = builder._unequal_budget({"dspark": {"steps": 4000}, "dflash": {"steps": 2000}}, "dspark", "dflash")
+    assert "DSpark was trained for 4000 steps and DFlash for 2000" in sentence
+    assert "not at equal training budget" in sentence
+    ablation = builder._unequal_budget({"dspark-ce": {"steps": 1000}, "dspark": {"steps": 4000}}, "dspark", "dspark-ce")
+    assert "DSpark was trained for 4000 steps and DSpark, CE only for 1000" in ablation
+
+
+def test_a_reweighted_loss_is_named_and_the_recipe_loss_is_not():
+    assert builder.loss_difference({"ce_weight": None, "l1_weight": None}) == ""
+    assert builder.loss_difference({}) == ""
+    sentence = builder.loss_difference({"ce_weight": 1.0, "l1_weight": 0.0})
+    assert "cross-entropy by 1 and L1 by 0, where the recipe weighs them by 0.1 and 0.9" in sentence
+
+
+def test_paired_cells_need_every_domain_at_both_temperatures():
+    def row(name, temperature, domain, committed, rounds):
+        return {"drafter": name, "temperature": temperature, "domain": domain,
+                "per_prompt": {"committed": committed, "rounds": rounds}}
+
+    rows = [row(n, t, d, c, [2, 2]) for n, c in (("a", [4, 4]), ("b", [2, 2]))
+            for t in (0.0, 1.0) for d in builder.DOMAINS]
+    cells = builder._paired_cells(rows, "a", "b")
+    assert cells[0.0].startswith("math +1.000 [+1.000, +1.000]")  # τ 2 against 1 on every prompt
+    assert builder._paired_cells(rows[:-1], "a", "b") is None
