@@ -182,9 +182,12 @@ def _results(out: list[str], name: str, heading: str, script: str) -> dict | Non
 def recipe_difference(arguments: dict, recipe: dict) -> str:
     """A sentence naming the settings in which a drafter's training ``arguments`` differ from ``recipe``, or ""
     when none do. Objective, layers and steps are printed beside it (EAGLE-3 has one layer by construction),
-    and how often it was evaluated changes nothing it learned."""
-    earlier = {k: v for k, v in arguments.items() if k in recipe and v != recipe[k]
-               and k not in ("objective", "num_draft_layers", "steps", "eval_every")}
+    and how often it was evaluated changes nothing it learned. The recipe's ``auto`` precision is whichever
+    dtype trains faster on the machine, so a run that named its dtype differs only in the dtype that ran,
+    which is printed beside it too."""
+    skipped = {"objective", "num_draft_layers", "steps", "eval_every"} | \
+        ({"precision"} if recipe.get("precision") == "auto" else set())
+    earlier = {k: v for k, v in arguments.items() if k in recipe and v != recipe[k] and k not in skipped}
     if not earlier:
         return ""
     listed = ", ".join(f"{k} {num(v, 'd') if isinstance(v, int) and not isinstance(v, bool) else v}"
@@ -308,9 +311,11 @@ def section_acceptance(out: list[str], figures: Path) -> None:
         final = meta.get(name, {}).get("final", {})
         if final:
             arguments = (meta[name].get("run") or {}).get("arguments", {})
+            ran = ((meta[name].get("run") or {}).get("train_config") or {}).get("precision")
             out.append(f"- {LABELS.get(name, name)}: {draft_layers(arguments)}, "
                        f"{num(meta[name].get('steps'), 'd')} steps on "
-                       f"{num(meta[name].get('train_sequences'), 'd')} sequences; held-out τ_prob "
+                       f"{num(meta[name].get('train_sequences'), 'd')} sequences" + (f" in {ran}" if ran else "")
+                       + "; held-out τ_prob "
                        f"{num(final.get('eval_tau_prob', float('nan')))} at the last evaluation."
                        + recipe_difference(arguments, recipe) + loss_difference(arguments)
                        + _other_run(name, final, recorded))

@@ -110,3 +110,10 @@ def test_paired_cells_need_every_domain_at_both_temperatures():
     cells = builder._paired_cells(rows, "a", "b")
     assert cells[0.0].startswith("math +1.000 [+1.000, +1.000]")  # τ 2 against 1 on every prompt
     assert builder._paired_cells(rows[:-1], "a", "b") is None
+
+
+def test_a_named_dtype_is_not_an_earlier_recipe_where_the_recipe_says_auto():
+    recipe = {"precision": "auto", "lr": 0.001, "steps": 4000}
+    assert builder.recipe_difference({"precision": "bf16", "lr": 0.001, "steps": 2000}, recipe) == ""
+    assert "lr 0.003" in builder.recipe_difference({"precision": "bf16", "lr": 0.003}, recipe)
+    assert "precision fp32" in builder.recipe_difference({"precision": "fp32"}, {"precision": "bf16"})
