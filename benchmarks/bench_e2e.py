@@ -4,7 +4,7 @@ Greedy decoding of held-out real prompts (math, code, chat) with SmolLM2-135M-In
 trained one when available (``dspark.checkpoint.find_default_drafter``), else an untrained one, and the result
 says which. Speculative decoding runs twice per batch: verifying every drafted slot, and with Algorithm 1
 (with the demo's back-off) on a verify-latency profile taken at that batch, as an engine would at start-up;
-that profiling also keeps the faster layout of few-row products on this CPU
+that profiling also keeps the fastest layout of few-row products on this CPU
 (``dspark.decoding.choose_few_row_layout``), for all three modes. The three modes take turns, chunk of prompts
 by chunk. Reports tokens/s of both modes, their ratio, τ and per-position acceptance, what a round costs in
 units of one plain target step at the same batch (draft, schedule, the verify pass's forward, verification
@@ -28,7 +28,7 @@ from benchmarks.environment import write_result  # noqa: E402
 from dspark.data import load_prompt_mix  # noqa: E402
 from dspark.decoding import SamplingConfig, choose_few_row_layout, generate, speculative_generate  # noqa: E402
 from dspark.demo import BACKOFF, load_demo_drafter  # noqa: E402
-from dspark.linear import skinny_rows  # noqa: E402
+from dspark.linear import describe_layout, skinny_layout, skinny_rows  # noqa: E402
 from dspark.scheduler import FixedLength, PrefixScheduler  # noqa: E402
 from dspark.target import load_default_target  # noqa: E402
 
@@ -50,7 +50,8 @@ def _row(batch, scheduler, sps, plain_runs, spec_runs, plain_s, step_s, num_prom
            "round_parts_in_target_steps": parts,
            "rounds_without_drafts": sum(r.rounds_without_drafts for r in spec_runs),
            "verify_pass_ms": {b: 1000 / sps(b) for b in range(batch, sps.max_tokens + 1)},
-           "skinny_rows": skinny_rows(), **stats.as_dict()}
+           "skinny_rows": skinny_rows(), "skinny_layout": skinny_layout(),
+           "few_row_layout": describe_layout(), **stats.as_dict()}
     print(f"batch {batch}, {scheduler}: target-only {row['target_only_tokens_per_s']:.1f} tok/s, speculative "
           f"{row['speculative_tokens_per_s']:.1f} tok/s, speedup {row['speedup']:.2f}x, tau {stats.tau:.2f}, "
           f"identical {row['identical_outputs']}; a round costs {row['round_in_target_steps']:.2f} target steps "

@@ -6,9 +6,10 @@ KV cache of ``--context`` tokens. Each step runs the target's forward in eager H
 (sdpa attention), then the cache is cropped back, so every repeat sees the same context. The median of
 ``--repeats`` timed steps after a warm-up is the latency; SPS = 1 / latency.
 
-* ``--device cpu``: the real default target (SmolLM2-135M-Instruct, fp32) on this machine, twice: with the
-  layout ``dspark.linear`` gives few-row products on CPU (what the target runs) and with ``F.linear``
-  everywhere, passes alternating, so each machine's results show what the layout is worth there.
+* ``--device cpu``: the real default target (SmolLM2-135M-Instruct, fp32) on this machine, in each layout
+  ``dspark.linear`` can give few-row products on CPU (``(W · xᵀ)ᵀ``; MKL-packed weights from 2 rows and from 4
+  rows, where torch has MKL) and with ``F.linear`` everywhere, passes alternating, so each machine's results
+  show what each layout is worth there.
 * ``--device cuda``: random-weight bf16 models of two architectures, SmolLM2-135M and Qwen3-8B (the
   paper's scale). Latency does not depend on weight values, so random weights measure the real curve.
 
@@ -29,7 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.environment import write_result  # noqa: E402
-from dspark.linear import SKINNY_ROWS, few_row_layout  # noqa: E402
+from dspark.linear import SKINNY_ROWS, few_row_layout, packed_layout_available  # noqa: E402
 
 TOKENS_PER_REQUEST = 8
 COUNTS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512]
@@ -66,8 +67,8 @@ def layout(count: int) -> tuple[int, int]:
 
 @torch.no_grad()
 def profile(model, counts: list[int], context: int, repeats: int, device: str,
-            layouts: dict[str, int]) -> dict[str, list[dict]]:
-    """Rows of latencies per layout; ``layouts`` maps a name to a ``dspark.linear.set_skinny_rows`` value.
+            layouts: dict[str, tuple[int, str, int]]) -> dict[str, list[dict]]:
+    """Rows of latencies per layout; ``layouts`` maps a name to ``dspark.linear.set_skinny_rows`` arguments.
     Within each count the layouts' passes alternate, so a machine that drifts during the run slows every layout
     alike."""
     from transformers import DynamicCache
@@ -95,8 +96,8 @@ def profile(model, counts: list[int], context: int, repeats: int, device: str,
 
         times = {name: [] for name in layouts}
         for repeat in range(repeats + 1):  # the first round warms up
-            for name, skinny_rows in layouts.items():
-                with few_row_layout(skinny_rows):
+            for name, setting in layouts.items():
+                with few_row_layout(*setting):
                     start = time.perf_counter()
                     step()
                     if repeat:
@@ -128,17 +129,21 @@ def main() -> None:
 
         context, repeats = args.context or 256, args.repeats or 5
         target = load_default_target()
-        layouts = {"skinny": SKINNY_ROWS, "F.linear": 0}
+        layouts = {"skinny": (SKINNY_ROWS, "transposed", 1), "F.linear": (0, "transposed", 1)}
+        if packed_layout_available():
+            layouts.update({"packed": (SKINNY_ROWS, "packed", 2), "packed from 4": (SKINNY_ROWS, "packed", 4)})
         print(f"SmolLM2-135M-Instruct (real weights, fp32), context {context}, linear layouts alternating")
         for name, rows in profile(target.model, COUNTS, context, repeats, "cpu", layouts).items():
+            skinny_rows, skinny_layout, min_rows = layouts[name]
             profiles.append({"model": "SmolLM2-135M-Instruct", "weights": "real", "dtype": "float32",
-                             "context": context, "linear_layout": name, "skinny_rows": layouts[name], "rows": rows})
+                             "context": context, "linear_layout": name, "skinny_rows": skinny_rows,
+                             "skinny_layout": skinny_layout, "min_rows": min_rows, "rows": rows})
     else:
         context, repeats = args.context or 1024, args.repeats or 10
         for name in ARCHITECTURES:
             model = random_model(name, "cuda", torch.bfloat16)
             print(f"{name} (random weights, bf16), context {context}")
-            rows = profile(model, COUNTS, context, repeats, "cuda", {"F.linear": 0})["F.linear"]
+            rows = profile(model, COUNTS, context, repeats, "cuda", {"F.linear": (0, "transposed", 1)})["F.linear"]
             profiles.append({"model": name, "weights": "random", "dtype": "bfloat16", "context": context,
                              "rows": rows})
             del model

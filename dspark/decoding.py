@@ -206,29 +206,35 @@ def profile_verify_sps(target, max_tokens: int, *, requests: int = 1, context: i
 
 def choose_few_row_layout(target, max_tokens: int, *, requests: int = 1, context: int = 64,
                           repeats: int = 3) -> SPSTable:
-    """Keep the faster of :mod:`dspark.linear`'s few-row layouts for this process; return its SPS table.
+    """Keep the fastest of :mod:`dspark.linear`'s few-row layouts for this process; return its SPS table.
 
-    On a CPU, which layout runs a verify pass faster depends on the CPU and its BLAS (see
+    On a CPU, which layout runs a verify pass fastest depends on the CPU and its BLAS (see
     :mod:`dspark.linear`). So, where an engine profiles its verify pass at start-up anyway, this profiles it
-    (:func:`profile_verify_sps`, same arguments) in both layouts, in the order ``(W · xᵀ)ᵀ``, ``F.linear``,
-    ``F.linear``, ``(W · xᵀ)ᵀ`` so that a machine drifting in speed weighs on both alike, keeps the one whose
-    latencies summed over ``requests`` … ``max_tokens`` tokens are lower (:func:`dspark.linear.skinny_rows`
-    then says which: 0 for ``F.linear``), and returns the mean of its two tables. The setting is the
-    process's, so the drafter's layers follow it too. The choice changes outputs by rounding only. On a GPU
-    there is one layout, and this is :func:`profile_verify_sps`.
+    (:func:`profile_verify_sps`, same arguments) with ``(W · xᵀ)ᵀ``, ``F.linear`` and, where torch has MKL,
+    MKL-packed weights from 2 rows and from 4 rows (``F.linear`` below: on some CPUs MKL multiplies 2 or 3 rows
+    without repacking anyway, faster than padded packed products; the second is left out when every request
+    feeds at least 4 rows), each twice, in an order that reads the same backwards, so that a machine drifting
+    in speed weighs on all alike. It keeps the one whose latencies summed over ``requests`` … ``max_tokens``
+    tokens are lowest
+    (:func:`dspark.linear.describe_layout` then says which) and returns the mean of its two tables. The setting
+    is the process's, so the drafter's layers follow it too. The choice changes outputs by rounding only. On
+    a GPU there is one layout, and this is :func:`profile_verify_sps`.
     """
-    from dspark.linear import SKINNY_ROWS, few_row_layout, set_skinny_rows
+    from dspark.linear import SKINNY_ROWS, few_row_layout, packed_layout_available, set_skinny_rows
 
     if target.device.type != "cpu":
         return profile_verify_sps(target, max_tokens, requests=requests, context=context, repeats=repeats)
-    latencies = {SKINNY_ROWS: [], 0: []}
-    for rows in (SKINNY_ROWS, 0, 0, SKINNY_ROWS):
-        with few_row_layout(rows):
+    settings = [(SKINNY_ROWS, "transposed", 1), (0, "transposed", 1)]
+    if packed_layout_available():
+        settings += [(SKINNY_ROWS, "packed", 2)] + ([(SKINNY_ROWS, "packed", 4)] if requests < 4 else [])
+    latencies = {setting: [] for setting in settings}
+    for setting in settings + settings[::-1]:
+        with few_row_layout(*setting):
             table = profile_verify_sps(target, max_tokens, requests=requests, context=context, repeats=repeats)
-        latencies[rows].append(1.0 / table.sps[1:])
-    mean = {rows: sum(runs) / len(runs) for rows, runs in latencies.items()}
-    kept = min(mean, key=lambda rows: float(mean[rows][requests - 1:].sum()))
-    set_skinny_rows(kept)
+        latencies[setting].append(1.0 / table.sps[1:])
+    mean = {setting: sum(runs) / len(runs) for setting, runs in latencies.items()}
+    kept = min(mean, key=lambda setting: float(mean[setting][requests - 1:].sum()))
+    set_skinny_rows(*kept)
     return SPSTable.from_latencies(list(range(1, max_tokens + 1)), mean[kept].tolist())
 
 

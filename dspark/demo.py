@@ -10,7 +10,7 @@ import torch
 
 from dspark.data import load_prompt_mix
 from dspark.decoding import SamplingConfig, choose_few_row_layout, generate, speculative_generate
-from dspark.linear import skinny_rows
+from dspark.linear import describe_layout
 from dspark.report import format_table
 from dspark.scheduler import PrefixScheduler
 
@@ -66,11 +66,11 @@ def demo(per_domain: int = 2, max_new_tokens: int = 64, drafter_path: str | None
     drafter, description = load_demo_drafter(target, drafter_path)
     print(f"Drafter: {description}.")
     gamma = drafter.config.block_size
-    print(f"Profiling the target's verify pass at 1…{gamma + 1} tokens for the scheduler, in both layouts of "
-          "few-row products (which is faster depends on the CPU)...")
+    print(f"Profiling the target's verify pass at 1…{gamma + 1} tokens for the scheduler, in each layout of "
+          "few-row products (which is fastest depends on the CPU)...")
     sps = choose_few_row_layout(target, gamma + 1)
-    layout = f"(W·xᵀ)ᵀ for up to {skinny_rows()} rows" if skinny_rows() else "F.linear"
-    print(f"  kept {layout}; ms per pass: " + ", ".join(f"{b}: {1000 / sps(b):.0f}" for b in range(1, gamma + 2)))
+    latencies = ", ".join(f"{b}: {1000 / sps(b):.0f}" for b in range(1, gamma + 2))
+    print(f"  kept {describe_layout()}; ms per pass: {latencies}")
     scheduler = PrefixScheduler(sps, backoff=BACKOFF)
     prompts = load_prompt_mix(per_domain)
     encoded = [target.encode_chat(p.text) for p in prompts]

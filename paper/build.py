@@ -1059,16 +1059,20 @@ def section_speed(out: list[str], figures: Path) -> None:
                    f"{num(e2e['rows'][0]['prompts'], 'd')} held-out prompts with the shipped DSpark drafter, "
                    f"{num(e2e['max_new_tokens'], 'd')} new tokens, measured on {machine(e2e)}; speculative decoding "
                    "either verifies every drafted slot or lets Algorithm 1 (with the demo's back-off) choose verify "
-                   "lengths on a verify-latency profile taken at that batch. A round's parts are in units of one "
-                   "plain decoding step of the target at the same batch:\n")
-        out.append("| batch | verify lengths | target only (tok/s) | speculative (tok/s) | speedup | τ | round (target "
-                   "steps) | draft | verify forward | verification | other | outputs identical |")
-        out.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+                   "lengths on a verify-latency profile taken at that batch. The few-row products of all three modes "
+                   "take the layout that profile found fastest (`dspark.decoding.choose_few_row_layout`). A round's "
+                   "parts are in units of one plain decoding step of the target at the same batch:\n")
+        out.append("| batch | few-row products | verify lengths | target only (tok/s) | speculative (tok/s) | speedup "
+                   "| τ | round (target steps) | draft | verify forward | verification | other | outputs identical |")
+        out.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for r in e2e["rows"]:
             parts = r["round_parts_in_target_steps"]
             other = parts["schedule"] + parts["bookkeeping"]
             lengths = "every slot" if r["scheduler"] == "every slot" else "Algorithm 1"
-            out.append(f"| {num(r['batch'], 'd')} | {lengths} | {num(r['target_only_tokens_per_s'], '.1f')} | "
+            layout = r.get("few_row_layout") or (f"(W·xᵀ)ᵀ for up to {r['skinny_rows']} rows" if r.get("skinny_rows")
+                                                 else "F.linear")
+            out.append(f"| {num(r['batch'], 'd')} | {layout} | {lengths} | "
+                       f"{num(r['target_only_tokens_per_s'], '.1f')} | "
                        f"{num(r['speculative_tokens_per_s'], '.1f')} | {num(r['speedup'], '.2f')}× | "
                        f"{num(r['tau'])} | {num(r['round_in_target_steps'], '.2f')} | {num(parts['draft'], '.2f')} | "
                        f"{num(parts['target'], '.2f')} | {num(parts['verify'], '.2f')} | {num(other, '.2f')} | "
@@ -1221,8 +1225,15 @@ def _layout_sentence(out: list[str]) -> None:
         text += (f" Another CPU's BLAS behaves otherwise: on {machine(profiles['sps_cpu_xeon'][0])}, the same "
                  f"passes cost {relative('sps_cpu_xeon', 'F.linear')}× with `F.linear` and "
                  f"{relative('sps_cpu_xeon', 'skinny')}× as (W·xᵀ)ᵀ.")
+    packed = [name for name in profiles if {"packed", "packed from 4"} <= profiles[name][1].keys()]
+    if packed:
+        text += (" A third layout multiplies by weights that MKL has packed once for its GEMM kernel, so no call "
+                 "repacks them (rows padded up to a bucket of 4, 8, 16, 32 or 64): "
+                 + "; ".join(f"on {machine(profiles[name][0])}, {relative(name, 'packed')}× packed from 2 rows and "
+                             f"{relative(name, 'packed from 4')}× from 4 rows (`F.linear` below)" for name in packed)
+                 + ".")
     out.append(text + " So the layout is not fixed: `dspark.decoding.choose_few_row_layout` profiles the verify "
-               "pass in both at start-up, as the demo and `bench_e2e.py` do, and keeps the faster for the process "
+               "pass in each at start-up, as the demo and `bench_e2e.py` do, and keeps the fastest for the process "
                "(the verify-pass profiles are single runs of a few repeats, so read differences under about 10% as "
                "noise).\n")
 

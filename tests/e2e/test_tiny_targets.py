@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import dspark.decoding
+import dspark.linear
 from dspark.decoding import (
     SamplingConfig,
     SpeculativeDecoder,
@@ -12,7 +13,7 @@ from dspark.decoding import (
     profile_verify_sps,
     speculative_generate,
 )
-from dspark.linear import SKINNY_ROWS, few_row_layout, skinny_rows
+from dspark.linear import SKINNY_ROWS, few_row_layout, skinny_layout, skinny_min_rows, skinny_rows
 from dspark.scheduler import FixedLength, PrefixScheduler, ProductionScheduler, SPSTable, Threshold
 from dspark.testing import assert_close, assert_close_float64, chi_square_pvalue
 from tests.e2e.conftest import drafter_for, eagle3_for, tiny_target
@@ -26,16 +27,24 @@ def policies():
             ProductionScheduler(sps)]
 
 
-@pytest.mark.parametrize("architecture", ["llama", "qwen3"])
-def test_greedy_speculative_equals_greedy_target(architecture):
+# Every few-row layout the start-up profile may keep: verify passes then multiply differently from one-token steps.
+LAYOUTS = [(SKINNY_ROWS, "transposed", 1), (0, "transposed", 1)] + (
+    [(SKINNY_ROWS, "packed", 2)] if dspark.linear.packed_layout_available() else [])
+
+
+@pytest.mark.parametrize("architecture, layout", [("llama", layout) for layout in LAYOUTS] + [
+    ("qwen3", LAYOUTS[0])])
+def test_greedy_speculative_equals_greedy_target(architecture, layout):
     target = tiny_target(architecture)
     drafter = drafter_for(target)
     config = SamplingConfig(max_new_tokens=24, temperature=0.0)
-    plain = generate(target, PROMPTS, config).tokens
-    for policy in policies():
-        assert speculative_generate(target, drafter, PROMPTS, config, scheduler=policy).tokens == plain, policy.name
-        single = [speculative_generate(target, drafter, [p], config, scheduler=policy).tokens[0] for p in PROMPTS]
-        assert single == plain, f"{policy.name}, batch 1"
+    with few_row_layout(*layout):
+        plain = generate(target, PROMPTS, config).tokens
+        for policy in policies():
+            spec = speculative_generate(target, drafter, PROMPTS, config, scheduler=policy).tokens
+            assert spec == plain, policy.name
+            single = [speculative_generate(target, drafter, [p], config, scheduler=policy).tokens[0] for p in PROMPTS]
+            assert single == plain, f"{policy.name}, batch 1"
 
 
 def test_each_request_counts_its_own_rounds():
@@ -312,28 +321,48 @@ def test_verify_profiles_cover_the_batch_and_roll_every_pass_back(requests, monk
     assert states[-1].valid.sum(1).tolist() == [5] * requests  # only the context is left valid
 
 
-@pytest.mark.parametrize("faster", [SKINNY_ROWS, 0])
-def test_choose_few_row_layout_keeps_the_faster_layout_and_its_table(faster, monkeypatch):
-    latencies = [0.10, 0.12, 0.13, 0.20]  # a pass of B = 1 … 4 tokens in the faster layout
+TRANSPOSED, F_LINEAR = (SKINNY_ROWS, "transposed", 1), (0, "transposed", 1)
+PACKED_2, PACKED_4 = (SKINNY_ROWS, "packed", 2), (SKINNY_ROWS, "packed", 4)
+
+
+def _setting():
+    return skinny_rows(), skinny_layout(), skinny_min_rows()
+
+
+CANDIDATES = [
+    (1, True, [TRANSPOSED, F_LINEAR, PACKED_2, PACKED_4, PACKED_4, PACKED_2, F_LINEAR, TRANSPOSED]),
+    (4, True, [TRANSPOSED, F_LINEAR, PACKED_2, PACKED_2, F_LINEAR, TRANSPOSED]),  # every request feeds ≥ 4 rows
+    (1, False, [TRANSPOSED, F_LINEAR, F_LINEAR, TRANSPOSED]),
+]
+
+
+@pytest.mark.parametrize("requests, mkl, expected_order, faster", [
+    (requests, mkl, order, faster) for requests, mkl, order in CANDIDATES for faster in dict.fromkeys(order)])
+def test_choose_few_row_layout_keeps_the_fastest_layout_and_its_table(requests, mkl, expected_order, faster,
+                                                                     monkeypatch):
+    latencies = [0.10, 0.12, 0.13, 0.20]  # a pass of B = 1 … 4 tokens in the fastest layout
     profiled = []
 
     def profile(target, max_tokens, *, requests, context, repeats):
-        profiled.append(skinny_rows())
-        slower = 1.0 if skinny_rows() == faster else 1.5
+        profiled.append(_setting())
+        slower = 1.0 if _setting() == faster else 1.5
         return SPSTable.from_latencies(range(1, max_tokens + 1), [slower * s for s in latencies])
 
     monkeypatch.setattr(dspark.decoding, "profile_verify_sps", profile)
+    monkeypatch.setattr(dspark.linear, "packed_layout_available", lambda: mkl)
+    before = _setting()
     with few_row_layout(5):
-        table = choose_few_row_layout(tiny_target(), 4)
-        assert skinny_rows() == faster
-    assert profiled == [SKINNY_ROWS, 0, 0, SKINNY_ROWS]  # alternating, so drift weighs on both alike
+        table = choose_few_row_layout(tiny_target(), 4, requests=requests)
+        assert _setting() == faster
+    assert profiled == expected_order  # reads the same backwards, so drift weighs on every layout alike
+    assert _setting() == before
     assert_close_float64(1.0 / table.sps[1:], torch.tensor(latencies, dtype=torch.float64), name="kept table")
 
 
 def test_choose_few_row_layout_profiles_a_real_target():
     with few_row_layout(SKINNY_ROWS):
         table = choose_few_row_layout(tiny_target(), 3, requests=2, context=5, repeats=1)
-        assert skinny_rows() in (SKINNY_ROWS, 0)
+        assert _setting() in (TRANSPOSED, F_LINEAR, PACKED_2, PACKED_4)
     assert table.max_tokens == 3
     assert bool((table.sps[1:] > 0).all())
 

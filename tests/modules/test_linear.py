@@ -4,8 +4,25 @@ import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dspark.linear import SKINNY_ROWS, Linear, few_row_layout, linear, set_skinny_rows, skinny_rows, use_skinny_linears
-from dspark.testing import assert_close, assert_close_float64
+import dspark.linear
+from dspark.linear import (
+    PACKED_BUCKETS,
+    SKINNY_ROWS,
+    Linear,
+    clear_packed_weights,
+    describe_layout,
+    few_row_layout,
+    linear,
+    packed_layout_available,
+    set_skinny_rows,
+    skinny_layout,
+    skinny_min_rows,
+    skinny_rows,
+    use_skinny_linears,
+)
+from dspark.testing import assert_close, assert_close_float64, assert_within_reference_error
+
+needs_mkl = pytest.mark.skipif(not packed_layout_available(), reason="this torch has no MKL packed GEMM")
 
 
 @pytest.fixture(autouse=True)
@@ -73,7 +90,112 @@ def test_few_row_layout_restores_the_setting_after_an_error():
 def test_set_skinny_rows_refuses_what_is_not_a_row_count(rows):
     with pytest.raises(ValueError, match="rows must be an int"):
         set_skinny_rows(rows)
-    assert skinny_rows() == SKINNY_ROWS
+    with pytest.raises(ValueError, match="min_rows must be an int"):
+        set_skinny_rows(4, min_rows=0 if rows is None else rows)
+    assert (skinny_rows(), skinny_layout(), skinny_min_rows()) == (SKINNY_ROWS, "transposed", 1)
+
+
+def test_set_skinny_rows_refuses_unknown_layouts_and_oversized_packed_rows():
+    with pytest.raises(ValueError, match="layout must be one of"):
+        set_skinny_rows(8, "tiled")
+    with pytest.raises(ValueError, match="at most 64 rows"):
+        set_skinny_rows(PACKED_BUCKETS[-1] + 1, "packed")
+    assert (skinny_rows(), skinny_layout()) == (SKINNY_ROWS, "transposed")
+
+
+def test_the_packed_layout_without_mkl_is_refused(monkeypatch):
+    monkeypatch.setattr(dspark.linear, "packed_layout_available", lambda: False)
+    with pytest.raises(ValueError, match="needs a torch built with MKL"):
+        set_skinny_rows(8, "packed")
+    assert skinny_layout() == "transposed"
+
+
+@needs_mkl
+@given(lead=st.lists(st.integers(0, 9), min_size=0, max_size=2), features=st.integers(1, 40),
+       outputs=st.integers(1, 50), bias=st.booleans(), min_rows=st.integers(1, 5), seed=st.integers(0, 2**31))
+def test_packed_linear_is_as_accurate_as_f_linear(lead, features, outputs, bias, min_rows, seed):
+    # Row counts from 0 to 81, so inputs below min_rows, in every bucket and past the last one are covered; fp32
+    # only (other dtypes take F.linear), held to twice F.linear's own error against the float64 product.
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(*lead, features, generator=gen, dtype=torch.float64)
+    weight = torch.randn(outputs, features, generator=gen, dtype=torch.float64)
+    b = torch.randn(outputs, generator=gen, dtype=torch.float64) if bias else None
+    b32 = None if b is None else b.float()
+    with torch.no_grad(), few_row_layout(SKINNY_ROWS, "packed", min_rows):
+        got = linear(x.float(), weight.float(), b32)
+    assert got.shape == (*lead, outputs) and got.dtype == torch.float32 and got.is_contiguous()
+    assert_within_reference_error(got, F.linear(x.float(), weight.float(), b32), F.linear(x, weight, b),
+                                  name="packed linear")
+
+
+@needs_mkl
+@pytest.mark.parametrize("rows", [2, 3, 4, 7, 8, 9, 33, 64])
+def test_packed_linear_on_the_default_targets_head_shape(rows):
+    # The same bound as the (W·xᵀ)ᵀ layout's test above: both sum 576 fp32 products in their own order.
+    gen = torch.Generator().manual_seed(rows)
+    weight = 0.02 * torch.randn(4096, 576, generator=gen)
+    bias = torch.randn(4096, generator=gen)
+    x = torch.randn(1, rows, 576, generator=gen)
+    with torch.no_grad(), few_row_layout(SKINNY_ROWS, "packed"):
+        got = linear(x, weight, bias)
+    assert_close(got, F.linear(x, weight, bias), rtol=1e-5, atol=1e-5, name=f"{rows} rows packed")
+
+
+@needs_mkl
+def test_packed_layout_routes_inputs_and_keeps_one_copy_per_bucket():
+    clear_packed_weights()
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(40, 96, generator=gen)
+    calls = []
+    real = torch.ops.mkl._mkl_linear
+
+    def spy(x, packed, origin, bias, batch):
+        calls.append(tuple(x.shape))
+        return real(x, packed, origin, bias, batch)
+
+    with torch.no_grad(), few_row_layout(16, "packed", 3), pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.ops.mkl, "_mkl_linear", spy)
+        for rows in (1, 2, 3, 4, 5, 16, 17):
+            linear(torch.randn(rows, 96, generator=gen), weight)
+        # Below min_rows (1, 2) and above skinny_rows (17): F.linear. 3 and 4 share the bucket of 4.
+        assert calls == [(4, 96), (4, 96), (8, 96), (16, 96)]
+        assert sorted(dspark.linear._packed[weight]) == [4, 8, 16]
+    assert describe_layout() == "(W·xᵀ)ᵀ for up to 64 rows"
+    with few_row_layout(16, "packed", 3):
+        assert describe_layout() == "MKL-packed weights for 3 to 16 rows"
+    with few_row_layout(16, "packed"):
+        assert describe_layout() == "MKL-packed weights for 2 to 16 rows"
+    clear_packed_weights()
+    assert len(dspark.linear._packed) == 0
+
+
+@needs_mkl
+def test_packed_copies_follow_in_place_updates_of_the_weight():
+    # An optimiser step or load_state_dict changes the weight in place: a stale packed copy would keep
+    # multiplying by the old values.
+    gen = torch.Generator().manual_seed(1)
+    layer = Linear(32, 24)
+    x = torch.randn(5, 32, generator=gen)
+    with torch.no_grad(), few_row_layout(SKINNY_ROWS, "packed"):
+        before = layer(x)
+        layer.weight.mul_(-2.0)
+        layer.load_state_dict({"weight": layer.weight * 0.5, "bias": layer.bias + 1})
+        after = layer(x)
+    assert not torch.allclose(before, after)
+    assert_close(after, F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5, name="after update")
+
+
+@needs_mkl
+def test_packed_layout_leaves_gradients_and_other_dtypes_to_f_linear():
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(6, 8, generator=gen, requires_grad=True)
+    weight = torch.randn(5, 8, generator=gen, requires_grad=True)
+    with few_row_layout(SKINNY_ROWS, "packed"):
+        out = linear(x, weight)
+        (grad,) = torch.autograd.grad(out.sum(), x)
+        assert_close(grad, weight.sum(0).expand(6, 8), rtol=1e-6, atol=1e-6, name="grad x")
+        bf16 = linear(x.detach().bfloat16(), weight.detach().bfloat16())
+    assert torch.equal(bf16, F.linear(x.detach().bfloat16(), weight.detach().bfloat16()))
 
 
 def test_mismatched_dtypes_fail_as_in_f_linear():
