@@ -259,9 +259,20 @@ class TargetModel:
         return {kind: additive(windowed if kind == "sliding_attention" else full) for kind in self.mask_types}
 
     def keep(self, state: TargetState, fed: int, keep: torch.Tensor) -> None:
-        """Of the last ``fed`` slots, keep the first ``keep[b]`` of request b valid; clear the rest."""
+        """Of the last ``fed`` slots, keep the first ``keep[b]`` of request b valid; clear the rest.
+
+        Slots that no request keeps are dropped from the cache's end. A verify pass feeds γ + 1 slots and a
+        round keeps τ of them on average, so left in place as masked holes they would make the cache, its
+        copies and every later attention grow about (γ + 1) / τ times as fast as the text. Holes that some
+        request still keeps a slot after stay masked. Sliding-window caches keep every slot: their layers
+        count what they hold against the window.
+        """
         slots = torch.arange(fed, device=state.valid.device)
         state.valid[:, -fed:] &= slots < keep[:, None].to(state.valid.device)
+        dropped = fed - int(keep.max()) if keep.numel() else 0
+        if dropped > 0 and self.sliding_window is None:
+            state.cache.crop(-dropped)
+            state.valid, state.slot_pos = state.valid[:, :-dropped], state.slot_pos[:, :-dropped]
 
     def select(self, state: TargetState, rows: torch.Tensor) -> None:
         """Keep only the requests ``rows`` (e.g. drop finished ones)."""

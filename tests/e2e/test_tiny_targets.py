@@ -174,6 +174,27 @@ def test_rollback_leaves_caches_equal_to_a_fresh_prefill():
         assert_close(got, want, rtol=1e-4, atol=1e-4, name=f"drafter hidden, request {req}")
 
 
+def test_rejected_slots_leave_the_cache():
+    """A round's slots that no request keeps are cropped, so the cache grows with the text, not the drafts:
+    at batch 1 it holds exactly the committed tokens; in a batch, at most the longest request's count plus its
+    padding and the holes of slots other requests kept."""
+    target = tiny_target(vocab=16)
+    drafter = drafter_for(target)
+    config = SamplingConfig(max_new_tokens=30, temperature=1.0, seed=3)
+    single = SpeculativeDecoder(target, drafter, config).start([PROMPTS[0]])
+    batch = SpeculativeDecoder(target, drafter, config).start(PROMPTS)
+    width = max(len(p) for p in PROMPTS)
+    for _ in range(6):
+        single.step()
+        kept = batch.step()
+        width += max(kept)
+        assert single.state.valid.shape[1] == len(PROMPTS[0]) + len(single.out[0]) - 1  # the anchor is not fed yet
+        assert single.state.cache.get_seq_length() == single.state.valid.shape[1]
+        assert bool(single.state.valid.all())
+        assert batch.state.valid.shape[1] == batch.state.cache.get_seq_length() <= width
+    assert single.stats.accepted < int(single.stats.proposed.sum()), "need rejected drafts"
+
+
 def _single(target, state, row):
     """A copy of one request's target state."""
     import copy
