@@ -1337,8 +1337,9 @@ def section_limits(out: list[str]) -> None:
                    f"({num(parts['target'], '.2f')} of them the verify pass of γ + 1 tokens, "
                    f"{num(parts['draft'], '.2f')} the draft), more than its τ of {num(every['tau'])}, so it is "
                    f"slower than the target alone ({num(every['speedup'], '.2f')}×). Algorithm 1 sends only the "
-                   "drafts that pay on the measured profile, where a pass of a few tokens costs what one token does "
-                   "(§6): one request "
+                   "drafts that pay on the verify-latency profile it measured (§6), "
+                   f"{num(planned['rounds_without_drafts'], 'd')} of {num(planned['rounds'], 'd')} rounds none at "
+                   f"all (τ {num(planned['tau'])}): one request "
                    f"then decodes at {num(planned['speedup'], '.2f')}× the target alone, with identical outputs. At "
                    f"batch 4 it backs off to nearly plain decoding (τ {num(four['tau'])}, "
                    f"{num(four['speedup'], '.2f')}×): the drafts that would pay there need a higher τ.")
