@@ -153,7 +153,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if _layout == "packed":
         needs_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
                                                   or (bias is not None and bias.requires_grad))
-        if rows == 1 or weight.dtype != torch.float32 or needs_grad or (bias is not None and bias.dtype != x.dtype):
+        # Inference tensors keep no version counter, so an in-place update could not be told from a stale copy.
+        if rows == 1 or weight.dtype != torch.float32 or needs_grad or weight.is_inference() or (
+                bias is not None and bias.dtype != x.dtype):
             return F.linear(x, weight, bias)
         return _packed_linear(x, weight, bias, rows)
     out = (weight @ x.reshape(rows, x.shape[-1]).T).T

@@ -186,6 +186,17 @@ def test_packed_copies_follow_in_place_updates_of_the_weight():
 
 
 @needs_mkl
+def test_packed_layout_leaves_inference_tensors_to_f_linear(monkeypatch):
+    # Weights made under inference_mode have no version counter to tell an in-place update by.
+    with torch.inference_mode():
+        weight = torch.randn(12, 8)
+        x = torch.randn(5, 8)
+    monkeypatch.setattr(torch.ops.mkl, "_mkl_linear", None)  # any packed call would fail
+    with few_row_layout(SKINNY_ROWS, "packed"):
+        assert torch.equal(linear(x, weight), F.linear(x, weight))
+
+
+@needs_mkl
 def test_packed_layout_leaves_gradients_and_other_dtypes_to_f_linear():
     gen = torch.Generator().manual_seed(2)
     x = torch.randn(6, 8, generator=gen, requires_grad=True)
