@@ -217,10 +217,18 @@ def choose_few_row_layout(target, max_tokens: int, *, requests: int = 1, context
     in speed weighs on all alike. It keeps the one whose latencies summed over ``requests`` … ``max_tokens``
     tokens are lowest
     (:func:`dspark.linear.describe_layout` then says which) and returns the mean of its two tables. The setting
-    is the process's, so the drafter's layers follow it too. The choice changes outputs by rounding only. On
-    a GPU there is one layout, and this is :func:`profile_verify_sps`.
+    is the process's, so the drafter's layers follow it too. The choice changes outputs by rounding only.
+    Profiling the packed layout packs a copy of every weight per bucket of rows it meets (up to four for
+    ``max_tokens`` 32); unless that layout is kept, the copies are freed before this returns. On a GPU there
+    is one layout, and this is :func:`profile_verify_sps`.
     """
-    from dspark.linear import SKINNY_ROWS, few_row_layout, packed_layout_available, set_skinny_rows
+    from dspark.linear import (
+        SKINNY_ROWS,
+        clear_packed_weights,
+        few_row_layout,
+        packed_layout_available,
+        set_skinny_rows,
+    )
 
     if target.device.type != "cpu":
         return profile_verify_sps(target, max_tokens, requests=requests, context=context, repeats=repeats)
@@ -235,6 +243,8 @@ def choose_few_row_layout(target, max_tokens: int, *, requests: int = 1, context
     mean = {setting: sum(runs) / len(runs) for setting, runs in latencies.items()}
     kept = min(mean, key=lambda setting: float(mean[setting][requests - 1:].sum()))
     set_skinny_rows(*kept)
+    if kept[1] != "packed":
+        clear_packed_weights()
     return SPSTable.from_latencies(list(range(1, max_tokens + 1)), mean[kept].tolist())
 
 

@@ -384,6 +384,8 @@ def test_choose_few_row_layout_profiles_a_real_target():
     with few_row_layout(SKINNY_ROWS):
         table = choose_few_row_layout(tiny_target(), 3, requests=2, context=5, repeats=1)
         assert _setting() in (TRANSPOSED, F_LINEAR, PACKED_2, PACKED_4)
+        # Copies of the weights packed while profiling stay only if the packed layout was kept.
+        assert (len(dspark.linear._packed) > 0) == (skinny_layout() == "packed")
     assert table.max_tokens == 3
     assert bool((table.sps[1:] > 0).all())
 
