@@ -1,22 +1,25 @@
 """Speculative vs target-only decoding with the default target, batch 1 and 4, in one run.
 
-Greedy decoding of held-out real prompts (math, code, chat) with SmolLM2-135M-Instruct; the drafter is the
-trained one when available (``dspark.checkpoint.find_default_drafter``), else an untrained one, and the result
-says which. Speculative decoding runs twice per batch: verifying every drafted slot, and with Algorithm 1
-(with the demo's back-off) on a verify-latency profile taken at that batch, as an engine would at start-up;
-that profiling also keeps the fastest layout of few-row products on this CPU
+Greedy decoding of held-out real prompts (math, code, chat) with SmolLM2-135M-Instruct; the drafter is
+``--drafter PATH``, else the trained one when available (``dspark.checkpoint.find_default_drafter``), else an
+untrained one, and the result says which. Speculative decoding runs twice per batch: verifying every drafted
+slot, and with Algorithm 1 (with the demo's back-off) on a verify-latency profile taken at that batch, as an
+engine would at start-up; that profiling also keeps the fastest layout of few-row products on this CPU
 (``dspark.decoding.choose_few_row_layout``), for all three modes. The three modes take turns, chunk of prompts
 by chunk. Reports tokens/s of both modes, their ratio, τ and per-position acceptance, what a round costs in
-units of one plain target step at the same batch (draft, schedule, the verify pass's forward, verification
-with its cache updates, bookkeeping), the profile, and checks the outputs are identical. Writes
-``e2e_cpu.json`` (or ``_gpu``).
+units of one plain target step at the same batch (draft, schedule, the verify pass's forward, verification with
+its cache updates, bookkeeping), the profile, and checks the outputs are identical. Writes ``e2e_cpu.json`` (or
+``_gpu``; ``--tag NAME`` appends ``_NAME``, to keep another drafter's or machine's run apart from the one the
+paper reads).
 
-    python benchmarks/bench_e2e.py [--prompts-per-domain 3] [--max-new-tokens 64] [--out benchmarks/results]
+    python benchmarks/bench_e2e.py [--prompts-per-domain 3] [--max-new-tokens 64] [--drafter PATH] [--tag NAME]
+                                   [--out benchmarks/results]
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -64,10 +67,14 @@ def main(argv=None) -> int:
     parser.add_argument("--prompts-per-domain", type=int, default=3)
     parser.add_argument("--offset", type=int, default=50, help="first prompt index (held out from training)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--drafter", type=Path, default=None, help="a drafter checkpoint directory")
+    parser.add_argument("--tag", default=None, help="writes e2e_<device>_<tag>.json")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
+    if args.tag is not None and not re.fullmatch(r"[A-Za-z0-9-]+", args.tag):
+        parser.error(f"--tag takes letters, digits and dashes, got {args.tag!r}")
     target = load_default_target()
-    drafter, description = load_demo_drafter(target)
+    drafter, description = load_demo_drafter(target, args.drafter)
     prompts = [target.encode_chat(p.text) for p in load_prompt_mix(args.prompts_per_domain, args.offset)]
     config = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=0.0)
     gamma = drafter.config.block_size
@@ -91,8 +98,9 @@ def main(argv=None) -> int:
         for name, runs in spec_runs.items():
             rows.append(_row(batch, name, sps, plain_runs, runs, plain_s, step_s, len(prompts)))
     device = "gpu" if torch.cuda.is_available() else "cpu"
-    path = write_result(f"e2e_{device}", {"drafter": description, "drafter_config": drafter.config.to_dict(),
-                                          "max_new_tokens": args.max_new_tokens, "rows": rows}, args.out)
+    name = f"e2e_{device}" + (f"_{args.tag}" if args.tag else "")
+    path = write_result(name, {"drafter": description, "drafter_config": drafter.config.to_dict(),
+                               "max_new_tokens": args.max_new_tokens, "rows": rows}, args.out)
     print(f"wrote {path}")
     return 0
 

@@ -5,7 +5,7 @@ single row of ``x`` runs as a matrix-vector product that streams ``W`` once, but
 a GEMM that, going by the timings below, pays for repacking ``W`` on every call, so feeding two tokens to a
 target cost far more than feeding one. Computed as ``(W · xᵀ)ᵀ``, the same product hands BLAS ``W`` as the
 tall left operand and the few rows as a narrow right one, a shape it streams ``W`` through once.
-``benchmarks/bench_sps.py`` times both layouts, pass by pass: on a 2-core AMD EPYC with MKL
+``benchmarks/bench_sps.py`` times the layouts, pass by pass: on a 2-core AMD EPYC with MKL
 (``sps_cpu.json``), a pass of the SmolLM2-135M target over 2 / 4 / 8 tokens cost 1.61 / 1.65 / 1.85
 one-token passes with ``F.linear`` and 0.87 / 0.80 / 1.36 in this layout. That is the verify pass's cost,
 and so what speculative decoding can gain, on CPUs.

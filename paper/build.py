@@ -1200,7 +1200,7 @@ def _section_sps(out: list[str], figures: Path) -> None:
 
 
 def _layout_sentence(out: list[str]) -> None:
-    """What the few-row linear layout does to the CPU verify pass, from the CPU profiles of both layouts."""
+    """What the few-row linear layouts do to the CPU verify pass, from the CPU profiles of every layout."""
     profiles = {}
     for name in ("sps_cpu", "sps_cpu_xeon"):
         result = load(name)
