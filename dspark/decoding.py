@@ -208,19 +208,18 @@ def choose_few_row_layout(target, max_tokens: int, *, requests: int = 1, context
                           repeats: int = 3) -> SPSTable:
     """Keep the fastest of :mod:`dspark.linear`'s few-row layouts for this process; return its SPS table.
 
-    On a CPU, which layout runs a verify pass fastest depends on the CPU and its BLAS (see
-    :mod:`dspark.linear`). So, where an engine profiles its verify pass at start-up anyway, this profiles it
-    (:func:`profile_verify_sps`, same arguments) with ``(W · xᵀ)ᵀ``, ``F.linear`` and, where torch has MKL,
-    MKL-packed weights from 2 rows and from 4 rows (``F.linear`` below: on some CPUs MKL multiplies 2 or 3 rows
-    without repacking anyway, faster than padded packed products; the second is left out when every request
-    feeds at least 4 rows), each twice, in an order that reads the same backwards, so that a machine drifting
-    in speed weighs on all alike. It keeps the one whose latencies summed over ``requests`` … ``max_tokens``
-    tokens are lowest
-    (:func:`dspark.linear.describe_layout` then says which) and returns the mean of its two tables. The setting
-    is the process's, so the drafter's layers follow it too. The choice changes outputs by rounding only.
-    Profiling the packed layout packs a copy of every weight per bucket of rows it meets (up to four for
-    ``max_tokens`` 32); unless that layout is kept, the copies are freed before this returns. On a GPU there
-    is one layout, and this is :func:`profile_verify_sps`.
+    On a CPU, which layout runs a verify pass fastest depends on the CPU and its BLAS (see :mod:`dspark.linear`).
+    So, where an engine profiles its verify pass at start-up anyway, this profiles it (:func:`profile_verify_sps`,
+    same arguments) with ``(W · xᵀ)ᵀ``, ``F.linear`` and, where torch has MKL, MKL-packed weights from 2 rows and
+    from 4 rows (``F.linear`` below: on some CPUs MKL multiplies 2 or 3 rows without repacking anyway, faster than
+    padded packed products; the second is left out when every request feeds at least 4 rows), each twice, in an
+    order that reads the same backwards, so that a machine drifting in speed weighs on all alike. It keeps the one
+    whose latencies summed over ``requests`` … ``max_tokens`` tokens are lowest
+    (:func:`dspark.linear.describe_layout` then says which) and returns the mean of its two tables. The setting is
+    the process's, so the drafter's layers follow it too. The choice changes outputs by rounding only. Profiling the
+    packed layout packs a copy of every weight per bucket of rows it meets (up to four for ``max_tokens`` 32);
+    unless that layout is kept, the copies are freed before this returns. On a GPU there is one layout, and this is
+    :func:`profile_verify_sps`.
     """
     from dspark.linear import (
         SKINNY_ROWS,
