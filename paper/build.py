@@ -1069,9 +1069,7 @@ def section_speed(out: list[str], figures: Path) -> None:
             parts = r["round_parts_in_target_steps"]
             other = parts["schedule"] + parts["bookkeeping"]
             lengths = "every slot" if r["scheduler"] == "every slot" else "Algorithm 1"
-            layout = r.get("few_row_layout") or (f"(W·xᵀ)ᵀ for up to {r['skinny_rows']} rows" if r.get("skinny_rows")
-                                                 else "F.linear")
-            out.append(f"| {num(r['batch'], 'd')} | {layout} | {lengths} | "
+            out.append(f"| {num(r['batch'], 'd')} | {r['few_row_layout']} | {lengths} | "
                        f"{num(r['target_only_tokens_per_s'], '.1f')} | "
                        f"{num(r['speculative_tokens_per_s'], '.1f')} | {num(r['speedup'], '.2f')}× | "
                        f"{num(r['tau'])} | {num(r['round_in_target_steps'], '.2f')} | {num(parts['draft'], '.2f')} | "
