@@ -5,7 +5,10 @@ Greedy decoding of held-out real prompts (math, code, chat) with SmolLM2-135M-In
 untrained one, and the result says which. Speculative decoding runs twice per batch: verifying every drafted
 slot, and with Algorithm 1 (with the demo's back-off) on a verify-latency profile taken at that batch, as an
 engine would at start-up; that profiling also keeps the fastest layout of few-row products on this CPU
-(``dspark.decoding.choose_few_row_layout``), for all three modes. The three modes take turns, chunk of prompts
+(``dspark.decoding.choose_few_row_layout``), for all three modes. The target and drafter run in ``--precision``
+(default auto: bf16 where this CPU multiplies bf16 faster, with invariant attention, ``dspark.invariant``), and the
+target alone is also timed once per batch in the other precision, so the speedup can be read against the fastest
+plain decoding too. The three modes take turns, chunk of prompts
 by chunk. Reports tokens/s of both modes, their ratio, τ and per-position acceptance, what a round costs in
 units of one plain target step at the same batch (draft, schedule, the verify pass's forward, verification with
 its cache updates, bookkeeping), the profile, and checks the outputs are identical. Writes ``e2e_cpu.json`` (or
@@ -13,7 +16,7 @@ its cache updates, bookkeeping), the profile, and checks the outputs are identic
 paper reads).
 
     python benchmarks/bench_e2e.py [--prompts-per-domain 3] [--max-new-tokens 64] [--drafter PATH] [--tag NAME]
-                                   [--out benchmarks/results]
+                                   [--precision auto|bf16|fp32] [--out benchmarks/results]
 """
 
 from __future__ import annotations
@@ -30,13 +33,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.environment import write_result  # noqa: E402
 from dspark.data import load_prompt_mix  # noqa: E402
 from dspark.decoding import SamplingConfig, choose_few_row_layout, generate, speculative_generate  # noqa: E402
-from dspark.demo import BACKOFF, load_demo_drafter  # noqa: E402
+from dspark.demo import BACKOFF, load_demo_drafter, load_demo_target  # noqa: E402
 from dspark.linear import describe_layout, skinny_layout, skinny_rows  # noqa: E402
 from dspark.scheduler import FixedLength, PrefixScheduler  # noqa: E402
-from dspark.target import load_default_target  # noqa: E402
 
 
-def _row(batch, scheduler, sps, plain_runs, spec_runs, plain_s, step_s, num_prompts) -> dict:
+def _row(batch, scheduler, sps, plain_runs, spec_runs, plain_s, step_s, num_prompts, fp32_runs, layout) -> dict:
     stats = spec_runs[0].stats
     for run in spec_runs[1:]:
         stats = stats.merge(run.stats)
@@ -54,11 +56,15 @@ def _row(batch, scheduler, sps, plain_runs, spec_runs, plain_s, step_s, num_prom
            "rounds_without_drafts": sum(r.rounds_without_drafts for r in spec_runs),
            "verify_pass_ms": {b: 1000 / sps(b) for b in range(batch, sps.max_tokens + 1)},
            "skinny_rows": skinny_rows(), "skinny_layout": skinny_layout(),
-           "few_row_layout": describe_layout(), **stats.as_dict()}
+           "few_row_layout": layout, **stats.as_dict()}
+    if fp32_runs:
+        row["fp32_target_only_tokens_per_s"] = sum(r.new_tokens for r in fp32_runs) / sum(r.seconds for r in fp32_runs)
+        row["speedup_over_fp32_target_only"] = row["speculative_tokens_per_s"] / row["fp32_target_only_tokens_per_s"]
     print(f"batch {batch}, {scheduler}: target-only {row['target_only_tokens_per_s']:.1f} tok/s, speculative "
           f"{row['speculative_tokens_per_s']:.1f} tok/s, speedup {row['speedup']:.2f}x, tau {stats.tau:.2f}, "
           f"identical {row['identical_outputs']}; a round costs {row['round_in_target_steps']:.2f} target steps "
-          f"({', '.join(f'{k} {v:.2f}' for k, v in parts.items())})", flush=True)
+          f"({', '.join(f'{k} {v:.2f}' for k, v in parts.items())})"
+          + (f"; fp32 target-only {row['fp32_target_only_tokens_per_s']:.1f} tok/s" if fp32_runs else ""), flush=True)
     return row
 
 
@@ -69,12 +75,15 @@ def main(argv=None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--drafter", type=Path, default=None, help="a drafter checkpoint directory")
     parser.add_argument("--tag", default=None, help="writes e2e_<device>_<tag>.json")
+    parser.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     if args.tag is not None and not re.fullmatch(r"[A-Za-z0-9-]+", args.tag):
         parser.error(f"--tag takes letters, digits and dashes, got {args.tag!r}")
-    target = load_default_target()
+    target, precision = load_demo_target(args.precision)
     drafter, description = load_demo_drafter(target, args.drafter)
+    print(f"target in {precision}; drafter: {description}", flush=True)
+    fp32_target = load_demo_target("fp32")[0] if target.dtype == torch.bfloat16 else None
     prompts = [target.encode_chat(p.text) for p in load_prompt_mix(args.prompts_per_domain, args.offset)]
     config = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=0.0)
     gamma = drafter.config.block_size
@@ -86,9 +95,11 @@ def main(argv=None) -> int:
         chunks = [prompts[i: i + batch] for i in range(0, len(prompts), batch)]
         # The modes take turns chunk by chunk, so that the machine's drift in speed during the run (10% on a
         # shared CPU) reaches all of them alike instead of favouring whichever ran in a fast stretch.
-        plain_runs, spec_runs = [], {name: [] for name in schedulers}
+        plain_runs, spec_runs, fp32_runs = [], {name: [] for name in schedulers}, []
         for chunk in chunks:
             plain_runs.append(generate(target, chunk, config))
+            if fp32_target is not None:
+                fp32_runs.append(generate(fp32_target, chunk, config))
             for name, make_scheduler in schedulers.items():
                 spec_runs[name].append(speculative_generate(target, drafter, chunk, config,
                                                             scheduler=make_scheduler()))
@@ -96,10 +107,12 @@ def main(argv=None) -> int:
         step_s = sum(r.timings["decode"] for r in plain_runs) / sum(r.steps for r in plain_runs)
         plain_s = sum(r.seconds for r in plain_runs)
         for name, runs in spec_runs.items():
-            rows.append(_row(batch, name, sps, plain_runs, runs, plain_s, step_s, len(prompts)))
+            rows.append(_row(batch, name, sps, plain_runs, runs, plain_s, step_s, len(prompts), fp32_runs,
+                             describe_layout(target.dtype)))
     device = "gpu" if torch.cuda.is_available() else "cpu"
     name = f"e2e_{device}" + (f"_{args.tag}" if args.tag else "")
     path = write_result(name, {"drafter": description, "drafter_config": drafter.config.to_dict(),
+                               "precision": precision, "dtype": str(target.dtype).removeprefix("torch."),
                                "max_new_tokens": args.max_new_tokens, "rows": rows}, args.out)
     print(f"wrote {path}")
     return 0

@@ -9,7 +9,9 @@ KV cache of ``--context`` tokens. Each step runs the target's forward in eager H
 * ``--device cpu``: the real default target (SmolLM2-135M-Instruct, fp32) on this machine, in each layout
   ``dspark.linear`` can give few-row products on CPU (``(W · xᵀ)ᵀ``; MKL-packed weights from 2 rows and from 4
   rows, where torch has MKL) and with ``F.linear`` everywhere, passes alternating, so each machine's results
-  show what each layout is worth there.
+  show what each layout is worth there. Where oneDNN runs bf16 on this CPU, the same target in bf16 follows, up
+  to 64 tokens (the batches CPU decoding uses), with invariant attention (``dspark.invariant``) and oneDNN-packed
+  weights or ``F.linear``, and with packed weights and stock attention, which tells what invariance costs.
 * ``--device cuda``: random-weight bf16 models of two architectures, SmolLM2-135M and Qwen3-8B (the
   paper's scale). Latency does not depend on weight values, so random weights measure the real curve.
 
@@ -67,10 +69,10 @@ def layout(count: int) -> tuple[int, int]:
 
 @torch.no_grad()
 def profile(model, counts: list[int], context: int, repeats: int, device: str,
-            layouts: dict[str, tuple[int, str, int]]) -> dict[str, list[dict]]:
-    """Rows of latencies per layout; ``layouts`` maps a name to ``dspark.linear.set_skinny_rows`` arguments.
-    Within each count the layouts' passes alternate, so a machine that drifts during the run slows every layout
-    alike."""
+            layouts: dict[str, tuple[int, str, int]], attention: dict[str, str] | None = None) -> dict[str, list[dict]]:
+    """Rows of latencies per layout; ``layouts`` maps a name to ``dspark.linear.set_skinny_rows`` arguments, and
+    ``attention`` (optional) a name to the model's attention implementation for its passes. Within each count the
+    layouts' passes alternate, so a machine that drifts during the run slows every layout alike."""
     from transformers import DynamicCache
 
     vocab = model.config.vocab_size
@@ -97,6 +99,8 @@ def profile(model, counts: list[int], context: int, repeats: int, device: str,
         times = {name: [] for name in layouts}
         for repeat in range(repeats + 1):  # the first round warms up
             for name, setting in layouts.items():
+                if attention:
+                    model.set_attn_implementation(attention[name])
                 with few_row_layout(*setting):
                     start = time.perf_counter()
                     step()
@@ -130,7 +134,7 @@ def main() -> None:
         context, repeats = args.context or 256, args.repeats or 5
         target = load_default_target()
         layouts = {"skinny": (SKINNY_ROWS, "transposed", 1), "F.linear": (0, "transposed", 1)}
-        if packed_layout_available():
+        if packed_layout_available(torch.float32):
             layouts.update({"packed": (SKINNY_ROWS, "packed", 2), "packed from 4": (SKINNY_ROWS, "packed", 4)})
         print(f"SmolLM2-135M-Instruct (real weights, fp32), context {context}, linear layouts alternating")
         for name, rows in profile(target.model, COUNTS, context, repeats, "cpu", layouts).items():
@@ -138,6 +142,22 @@ def main() -> None:
             profiles.append({"model": "SmolLM2-135M-Instruct", "weights": "real", "dtype": "float32",
                              "context": context, "linear_layout": name, "skinny_rows": skinny_rows,
                              "skinny_layout": skinny_layout, "min_rows": min_rows, "rows": rows})
+        if packed_layout_available(torch.bfloat16):
+            from dspark import invariant
+
+            del target
+            target = load_default_target(dtype=torch.bfloat16, invariant_attention=True)
+            layouts = {"bf16 packed": (SKINNY_ROWS, "packed", 1), "bf16 F.linear": (0, "transposed", 1),
+                       "bf16 packed, stock attention": (SKINNY_ROWS, "packed", 1)}
+            attention = {name: "sdpa" if "stock" in name else invariant.NAME for name in layouts}
+            print(f"SmolLM2-135M-Instruct (real weights, bf16), context {context}, invariant attention unless stock")
+            counts = [c for c in COUNTS if c <= SKINNY_ROWS]
+            for name, rows in profile(target.model, counts, context, repeats, "cpu", layouts, attention).items():
+                skinny_rows, skinny_layout, min_rows = layouts[name]
+                profiles.append({"model": "SmolLM2-135M-Instruct", "weights": "real", "dtype": "bfloat16",
+                                 "context": context, "linear_layout": name, "attention": attention[name],
+                                 "skinny_rows": skinny_rows, "skinny_layout": skinny_layout, "min_rows": min_rows,
+                                 "rows": rows})
     else:
         context, repeats = args.context or 1024, args.repeats or 10
         for name in ARCHITECTURES:

@@ -72,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--max-new-tokens", type=int, default=64)
     demo.add_argument("--drafter", default=None,
                       help="a drafter directory (default: the one `train` wrote to the cache, else the shipped one)")
+    demo.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
+                      help="the target's and drafter's dtype (default auto: bf16 where this machine runs it faster "
+                           "than fp32, with invariant attention so outputs match exactly)")
     train = sub.add_parser("train", help="train a drafter for the default target on the CPU (cached data)")
     train.add_argument("--config", default=None,
                        help="a JSON file of train_default_drafter's arguments (objective, steps, num_prompts, "
@@ -128,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from dspark.demo import demo as run_demo
 
-    return run_demo(args.per_domain, args.max_new_tokens, args.drafter)
+    return run_demo(args.per_domain, args.max_new_tokens, args.drafter, args.precision)
 
 
 if __name__ == "__main__":

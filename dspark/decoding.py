@@ -210,15 +210,18 @@ def choose_few_row_layout(target, max_tokens: int, *, requests: int = 1, context
 
     On a CPU, which layout runs a verify pass fastest depends on the CPU and its BLAS (see :mod:`dspark.linear`).
     So, where an engine profiles its verify pass at start-up anyway, this profiles it (:func:`profile_verify_sps`,
-    same arguments) with ``(W · xᵀ)ᵀ``, ``F.linear`` and, where torch has MKL, MKL-packed weights from 2 rows and
-    from 4 rows (``F.linear`` below: on some CPUs MKL multiplies 2 or 3 rows without repacking anyway, faster than
-    padded packed products; the second is left out when every request feeds at least 4 rows), each twice, in an
-    order that reads the same backwards, so that a machine drifting in speed weighs on all alike. It keeps the one
-    whose latencies summed over ``requests`` … ``max_tokens`` tokens are lowest
-    (:func:`dspark.linear.describe_layout` then says which) and returns the mean of its two tables. The setting is
-    the process's, so the drafter's layers follow it too. The choice changes outputs by rounding only. Profiling the
-    packed layout packs a copy of every weight per bucket of rows it meets (up to four for ``max_tokens`` 32);
-    unless that layout is kept, the copies are freed before this returns. On a GPU there is one layout, and this is
+    same arguments) in each candidate layout, each twice, in an order that reads the same backwards, so that a
+    machine drifting in speed weighs on all alike. For fp32 targets the candidates are ``(W · xᵀ)ᵀ``, ``F.linear``
+    and, where torch has MKL, MKL-packed weights from 2 rows and from 4 rows (``F.linear`` below: on some CPUs MKL
+    multiplies 2 or 3 rows without repacking anyway, faster than padded packed products; the second is left out
+    when every request feeds at least 4 rows). For bf16 targets they are ``F.linear`` and, where oneDNN runs bf16,
+    oneDNN-packed weights from one row: both multiply each row alike however many rows come, which
+    :mod:`dspark.invariant` relies on, and ``(W · xᵀ)ᵀ`` would not. It keeps the one whose latencies summed over
+    ``requests`` … ``max_tokens`` tokens are lowest (:func:`dspark.linear.describe_layout` then says which) and
+    returns the mean of its two tables. The setting is the process's, so the drafter's layers follow it too. In
+    fp32 the choice changes outputs by rounding only; in bf16 not at all. Profiling the packed layout packs a copy
+    of every weight (for fp32, one per bucket of rows it meets: up to four for ``max_tokens`` 32); unless that
+    layout is kept, the copies are freed before this returns. On a GPU there is one layout, and this is
     :func:`profile_verify_sps`.
     """
     from dspark.linear import (
@@ -231,9 +234,13 @@ def choose_few_row_layout(target, max_tokens: int, *, requests: int = 1, context
 
     if target.device.type != "cpu":
         return profile_verify_sps(target, max_tokens, requests=requests, context=context, repeats=repeats)
-    settings = [(SKINNY_ROWS, "transposed", 1), (0, "transposed", 1)]
-    if packed_layout_available():
-        settings += [(SKINNY_ROWS, "packed", 2)] + ([(SKINNY_ROWS, "packed", 4)] if requests < 4 else [])
+    if target.dtype == torch.bfloat16:
+        settings = [(0, "transposed", 1)] + (
+            [(SKINNY_ROWS, "packed", 1)] if packed_layout_available(torch.bfloat16) else [])
+    else:
+        settings = [(SKINNY_ROWS, "transposed", 1), (0, "transposed", 1)]
+        if packed_layout_available(torch.float32):
+            settings += [(SKINNY_ROWS, "packed", 2)] + ([(SKINNY_ROWS, "packed", 4)] if requests < 4 else [])
     latencies = {setting: [] for setting in settings}
     for setting in settings + settings[::-1]:
         with few_row_layout(*setting):

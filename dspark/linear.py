@@ -16,26 +16,32 @@ comes near a one-token pass at 8 tokens. So the layout is a process-wide setting
 (:func:`set_skinny_rows`, :func:`few_row_layout`), and :func:`dspark.decoding.choose_few_row_layout` times the
 target's verify pass in each layout at start-up and keeps the fastest.
 
-A third layout hands the repacking to MKL once: ``"packed"`` keeps, per weight, a copy that MKL's
-``sgemm_pack`` has laid out for its GEMM kernel, and multiplies few-row fp32 inputs against it with
-``sgemm_compute``, so no call repacks ``W`` (``bench_sps.py`` times it as ``packed``). Each copy is sized for
-a bucket of rows (4, 8, 16, 32 or 64: the input is padded with zero rows up to its bucket, the use MKL
-documents), costs the weight's memory again per bucket used, and is dropped with the weight or by
-:func:`clear_packed_weights`; an in-place change to the weight (an optimiser step, ``load_state_dict``) makes
-it repack. Single rows stay matrix-vector products, and on some CPUs MKL multiplies 2 or 3 rows without
-repacking too, so the setting also says from how many rows the layout starts (``min_rows``). It needs a torch
-built with MKL (:func:`packed_layout_available`: x86 CPU wheels are) and inputs that need no gradient; others
-take ``F.linear``.
+A third layout hands the repacking to the library once: ``"packed"`` keeps, per weight, a copy laid out for
+the GEMM kernel, so no call repacks ``W`` (``bench_sps.py`` times it as ``packed``). For fp32 weights that is
+MKL's ``sgemm_pack``, multiplied against with ``sgemm_compute``; each copy is sized for a bucket of rows (4, 8,
+16, 32 or 64: the input is padded with zero rows up to its bucket, the use MKL documents) and costs the weight's
+memory again per bucket used. Single rows stay matrix-vector products, and on some CPUs MKL multiplies 2 or 3
+rows without repacking too, so the setting also says from how many rows the layout starts (``min_rows``). For
+bf16 weights it is oneDNN's blocked layout, one copy for any number of rows, single rows included: on CPUs
+with AMX a bf16 product of 1 to 16 rows then costs about the same, two thirds of an unpacked one-row product
+(``bench_sps.py`` times a bf16 target too). oneDNN multiplies the packed copy exactly as ``F.linear`` multiplies
+the weight, so in bf16 this layout changes speed and not one bit of the results (``tests/modules/test_linear.py``
+checks it). Copies are dropped with the weight or by :func:`clear_packed_weights`; an in-place change to the
+weight (an optimiser step, ``load_state_dict``) makes them repack. The layout needs a torch built with MKL for
+fp32 or with oneDNN for bf16 (:func:`packed_layout_available`: x86 CPU wheels have both) and inputs that need no
+gradient; others take ``F.linear``.
 
 ``Linear`` is ``nn.Linear`` with these layouts on CPU inputs of at most :func:`skinny_rows` rows; it has the
 same parameters and state-dict keys, so checkpoints and exports do not see it. On GPUs, and for longer
 inputs (prefill, training batches), it is ``F.linear``. All layouts compute the same dot products; results
-agree to the dtype's rounding, not bitwise, because the products accumulate in another order.
+agree to the dtype's rounding, not bitwise, because the products accumulate in another order (bf16 in the
+packed layout excepted, as above).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 
 import torch
@@ -50,14 +56,16 @@ single products of 150 rows (a prefill) timed about even in the two layouts, so 
 ``F.linear``."""
 
 LAYOUTS = ("transposed", "packed")
-"""The few-row layouts: ``(W · xᵀ)ᵀ``, and MKL-packed weights (see the module docstring)."""
+"""The few-row layouts: ``(W · xᵀ)ᵀ``, and weights packed for MKL (fp32) or oneDNN (bf16); see the module
+docstring."""
 
 PACKED_BUCKETS = (4, 8, 16, 32, 64)
 
 _skinny_rows = SKINNY_ROWS
 _layout = "transposed"
 _min_rows = 1
-_packed: WeakIdKeyDictionary = WeakIdKeyDictionary()  # weight -> {bucket: (version, data_ptr, packed copy)}
+_ONEDNN = "onednn"  # the key of a bf16 weight's one oneDNN copy, beside fp32 weights' MKL buckets
+_packed: WeakIdKeyDictionary = WeakIdKeyDictionary()  # weight -> {bucket or _ONEDNN: (version, data_ptr, copy)}
 
 
 def skinny_rows() -> int:
@@ -76,18 +84,30 @@ def skinny_min_rows() -> int:
     return _min_rows
 
 
-def describe_layout() -> str:
-    """The current setting in words, for reports."""
+def describe_layout(dtype: torch.dtype | None = None) -> str:
+    """The current setting in words, for reports; ``dtype`` (the model's) narrows the packed layout to its kind."""
     if _skinny_rows == 0:
         return "F.linear"
-    first = max(_min_rows, 2) if _layout == "packed" else _min_rows
-    span = f"up to {_skinny_rows} rows" if first == 1 else f"{first} to {_skinny_rows} rows"
-    return f"MKL-packed weights for {span}" if _layout == "packed" else f"(W·xᵀ)ᵀ for {span}"
+
+    def span(first: int) -> str:
+        return f"up to {_skinny_rows} rows" if first == 1 else f"{first} to {_skinny_rows} rows"
+
+    if _layout == "transposed":
+        return f"(W·xᵀ)ᵀ for {span(_min_rows)}"
+    mkl, onednn = f"MKL-packed fp32 weights for {span(max(_min_rows, 2))}", f"oneDNN-packed bf16 weights for " \
+                                                                            f"{span(_min_rows)}"
+    return {torch.float32: mkl, torch.bfloat16: onednn}.get(dtype, f"{mkl}, {onednn}")
 
 
-def packed_layout_available() -> bool:
-    """Whether this torch has the MKL packed GEMM that the ``"packed"`` layout calls."""
-    return torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
+@functools.cache
+def packed_layout_available(dtype: torch.dtype = torch.float32) -> bool:
+    """Whether this torch can pack ``dtype`` weights for the ``"packed"`` layout: fp32 needs MKL's packed GEMM,
+    bf16 needs oneDNN with bf16 support on this CPU; other dtypes have no packed form."""
+    if dtype == torch.float32:
+        return torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
+    if dtype == torch.bfloat16:
+        return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return False
 
 
 def set_skinny_rows(rows: int, layout: str = "transposed", min_rows: int = 1) -> None:
@@ -103,9 +123,9 @@ def set_skinny_rows(rows: int, layout: str = "transposed", min_rows: int = 1) ->
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     if layout == "packed" and rows > PACKED_BUCKETS[-1]:
         raise ValueError(f"the packed layout takes at most {PACKED_BUCKETS[-1]} rows, got {rows}")
-    if layout == "packed" and not packed_layout_available():
-        raise ValueError("the packed layout needs a torch built with MKL (torch.backends.mkl.is_available() is "
-                         "False here)")
+    if layout == "packed" and not (packed_layout_available(torch.float32) or packed_layout_available(torch.bfloat16)):
+        raise ValueError("the packed layout needs a torch built with MKL (fp32) or oneDNN with bf16 support on this "
+                         "CPU (bf16); neither is available here")
     _skinny_rows, _layout, _min_rows = rows, layout, min_rows
 
 
@@ -125,12 +145,17 @@ def clear_packed_weights() -> None:
     _packed.clear()
 
 
-def _packed_weight(weight: torch.Tensor, bucket: int) -> torch.Tensor:
+def _packed_weight(weight: torch.Tensor, bucket: int | str) -> torch.Tensor:
     # A stale copy would silently compute with old weights: in-place updates bump _version, moves change data_ptr.
     stamp = (weight._version, weight.data_ptr())
     copies = _packed.setdefault(weight, {})
     if bucket not in copies or copies[bucket][:2] != stamp:
-        copies[bucket] = (*stamp, torch.ops.mkl._mkl_reorder_linear_weight(weight.contiguous(), bucket))
+        if bucket == _ONEDNN:
+            # The second argument is only a row-count hint for choosing the blocking; any row count may follow.
+            copy = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), SKINNY_ROWS)
+        else:
+            copy = torch.ops.mkl._mkl_reorder_linear_weight(weight.contiguous(), bucket)
+        copies[bucket] = (*stamp, copy)
     return copies[bucket][2]
 
 
@@ -140,6 +165,10 @@ def _packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     padded[:rows] = x.reshape(rows, x.shape[-1])
     out = torch.ops.mkl._mkl_linear(padded, _packed_weight(weight, bucket), weight, bias, bucket)
     return out[:rows].reshape(*x.shape[:-1], weight.shape[0])
+
+
+def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, _packed_weight(weight, _ONEDNN), bias, "none", [], "")
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -154,8 +183,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         needs_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
                                                   or (bias is not None and bias.requires_grad))
         # Inference tensors keep no version counter, so an in-place update could not be told from a stale copy.
-        if rows == 1 or weight.dtype != torch.float32 or needs_grad or weight.is_inference() or (
-                bias is not None and bias.dtype != x.dtype):
+        if needs_grad or weight.is_inference() or (bias is not None and bias.dtype != x.dtype):
+            return F.linear(x, weight, bias)
+        if weight.dtype == torch.bfloat16 and packed_layout_available(torch.bfloat16):
+            return _onednn_linear(x, weight, bias)
+        if rows == 1 or weight.dtype != torch.float32 or not packed_layout_available(torch.float32):
             return F.linear(x, weight, bias)
         return _packed_linear(x, weight, bias, rows)
     out = (weight @ x.reshape(rows, x.shape[-1]).T).T

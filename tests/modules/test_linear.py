@@ -104,7 +104,7 @@ def test_set_skinny_rows_refuses_unknown_layouts_and_oversized_packed_rows():
 
 
 def test_the_packed_layout_without_mkl_is_refused(monkeypatch):
-    monkeypatch.setattr(dspark.linear, "packed_layout_available", lambda: False)
+    monkeypatch.setattr(dspark.linear, "packed_layout_available", lambda dtype=torch.float32: False)
     with pytest.raises(ValueError, match="needs a torch built with MKL"):
         set_skinny_rows(8, "packed")
     assert skinny_layout() == "transposed"
@@ -162,9 +162,11 @@ def test_packed_layout_routes_inputs_and_keeps_one_copy_per_bucket():
         assert sorted(dspark.linear._packed[weight]) == [4, 8, 16]
     assert describe_layout() == "(W·xᵀ)ᵀ for up to 64 rows"
     with few_row_layout(16, "packed", 3):
-        assert describe_layout() == "MKL-packed weights for 3 to 16 rows"
+        assert describe_layout() == ("MKL-packed fp32 weights for 3 to 16 rows, oneDNN-packed bf16 weights for 3 to "
+                                     "16 rows")
     with few_row_layout(16, "packed"):
-        assert describe_layout() == "MKL-packed weights for 2 to 16 rows"
+        assert describe_layout(torch.float32) == "MKL-packed fp32 weights for 2 to 16 rows"
+        assert describe_layout(torch.bfloat16) == "oneDNN-packed bf16 weights for up to 16 rows"
     clear_packed_weights()
     assert len(dspark.linear._packed) == 0
 
@@ -205,8 +207,77 @@ def test_packed_layout_leaves_gradients_and_other_dtypes_to_f_linear():
         out = linear(x, weight)
         (grad,) = torch.autograd.grad(out.sum(), x)
         assert_close(grad, weight.sum(0).expand(6, 8), rtol=1e-6, atol=1e-6, name="grad x")
-        bf16 = linear(x.detach().bfloat16(), weight.detach().bfloat16())
-    assert torch.equal(bf16, F.linear(x.detach().bfloat16(), weight.detach().bfloat16()))
+        for dtype in (torch.float16, torch.float64):  # no packed form: F.linear, bit for bit
+            got = linear(x.detach().to(dtype), weight.detach().to(dtype))
+            assert torch.equal(got, F.linear(x.detach().to(dtype), weight.detach().to(dtype))), dtype
+        bf16_grad = x.detach().bfloat16().requires_grad_()
+        out = linear(bf16_grad, weight.detach().bfloat16())
+        (grad,) = torch.autograd.grad(out.float().sum(), bf16_grad)
+    assert torch.equal(grad, weight.detach().bfloat16().sum(0).expand(6, 8))
+    assert len(dspark.linear._packed) == 0 or weight not in dspark.linear._packed
+
+
+needs_onednn_bf16 = pytest.mark.skipif(not packed_layout_available(torch.bfloat16),
+                                       reason="this torch or CPU runs no bf16 oneDNN products")
+
+
+@needs_onednn_bf16
+@given(lead=st.lists(st.integers(0, 9), min_size=0, max_size=2), features=st.integers(1, 40),
+       outputs=st.integers(1, 50), bias=st.booleans(), min_rows=st.integers(1, 5), seed=st.integers(0, 2**31))
+def test_packed_bf16_linear_equals_f_linear_bit_for_bit(lead, features, outputs, bias, min_rows, seed):
+    # oneDNN multiplies the packed copy with the kernel F.linear uses on the plain weight, so the layout may not
+    # change a single bit; rows 0 to 81 cover inputs below min_rows, single rows and rows past SKINNY_ROWS.
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(*lead, features, generator=gen).bfloat16()
+    weight = torch.randn(outputs, features, generator=gen).bfloat16()
+    b = torch.randn(outputs, generator=gen).bfloat16() if bias else None
+    with torch.no_grad(), few_row_layout(SKINNY_ROWS, "packed", min_rows):
+        got = linear(x, weight, b)
+    assert got.shape == (*lead, outputs) and got.dtype == torch.bfloat16 and got.is_contiguous()
+    assert torch.equal(got, F.linear(x, weight, b))
+
+
+@needs_onednn_bf16
+def test_packed_bf16_rows_do_not_depend_on_the_other_rows():
+    # What makes a bf16 verify pass reproduce one-token steps (dspark.invariant): each row alone equals its row in
+    # every larger product, for the default target's shapes and awkward ones.
+    gen = torch.Generator().manual_seed(3)
+    for outputs, features in ((1536, 576), (576, 1536), (49152, 576), (7, 5), (100, 33)):
+        weight = (0.02 * torch.randn(outputs, features, generator=gen)).bfloat16()
+        x = torch.randn(17, features, generator=gen).bfloat16()
+        with torch.no_grad(), few_row_layout(SKINNY_ROWS, "packed", 1):
+            full = linear(x, weight)
+            for rows in (1, 2, 5, 8, 16):
+                assert torch.equal(linear(x[:rows], weight), full[:rows]), (outputs, features, rows)
+            for row in range(17):
+                assert torch.equal(linear(x[row:row + 1], weight), full[row:row + 1]), (outputs, features, row)
+
+
+@needs_onednn_bf16
+def test_packed_bf16_keeps_one_copy_per_weight_and_follows_updates():
+    clear_packed_weights()
+    gen = torch.Generator().manual_seed(4)
+    layer = Linear(24, 40).bfloat16()
+    calls = []
+    real = torch.ops.mkldnn._linear_pointwise
+
+    def spy(x, *args):
+        calls.append(x.shape[0])
+        return real(x, *args)
+
+    with torch.no_grad(), few_row_layout(16, "packed", 1), pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.ops.mkldnn, "_linear_pointwise", spy)
+        for rows in (1, 3, 16, 17):
+            layer(torch.randn(rows, 24, generator=gen).bfloat16())
+        assert calls == [1, 3, 16]  # single rows included; past skinny_rows: F.linear
+        assert list(dspark.linear._packed[layer.weight]) == ["onednn"]
+        x = torch.randn(5, 24, generator=gen).bfloat16()
+        before = layer(x)
+        layer.weight.mul_(-2.0)
+        after = layer(x)
+    assert not torch.equal(before, after)
+    assert torch.equal(after, F.linear(x, layer.weight, layer.bias))
+    clear_packed_weights()
 
 
 def test_mismatched_dtypes_fail_as_in_f_linear():

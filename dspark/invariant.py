@@ -1,0 +1,103 @@
+"""Attention whose every query row is computed alone, so a verify pass reproduces one-token steps bit for bit.
+
+Speculative decoding is lossless in distribution whatever the arithmetic, but greedy decoding promises more: the
+same tokens as the target alone. That holds only as far as the target's verify pass of T tokens computes, for
+each token, the logits a one-token step would. Floating-point sums differ with their order, and library kernels
+choose the order by the shape of the whole call: a product of 8 rows, attention over 8 queries, or over a cache
+with masked slots, each sums differently from one row over exactly its own keys. In fp32 the differences are
+about 1e-5 in the logits and flip a greedy token only at near-ties; in bf16 they reach tenths and flip tokens
+every few hundred.
+
+:func:`invariant_attention` takes the order out of the call's hands. For every request b and every query t it
+gathers the keys that query may see (a slice when they form a prefix of the cache, as they do at batch 1 once
+rejected slots are cropped; an index otherwise) and computes that one query over exactly those keys, in fp32,
+with the same calls a one-token step makes. So a query's output depends only on its own values and the keys it
+sees, not on how many queries share the pass or where masked slots lie. With bf16 products through oneDNN,
+which multiply each row alike however many rows come (:mod:`dspark.linear`), and the row-wise norms, rotations
+and activations of decoder layers, a whole target pass then is invariant: greedy speculative decoding equals
+greedy decoding exactly, by construction rather than by luck (``tests/e2e/test_invariant.py``).
+
+The price is a Python loop over requests × queries in every layer: about a tenth of a step for an 8-token
+verify pass of SmolLM2-135M at batch 1 (``benchmarks/results/e2e_cpu.json`` has the profile), and a few
+percent on a one-token step. It supports plain causal attention with grouped key/value heads, the attention of
+Llama, Qwen2/3 and Mistral without a sliding window; windows, logit soft-capping and attention sinks are refused.
+
+Targets take it with ``load_target(..., invariant_attention=True)`` (or ``TargetModel(...)``'s argument).
+"""
+
+from __future__ import annotations
+
+import torch
+
+NAME = "dspark_invariant"
+"""The name under which the attention is registered with ``transformers``."""
+
+_plan: list = [None, None]  # [mask, (visible counts, gather indices)]: one plan per forward, shared by all layers
+
+
+def _visible(mask: torch.Tensor | None, batch: int, queries: int, slots: int,
+             device: torch.device) -> tuple[list[list[int]], list[list[torch.Tensor | None]]]:
+    """Per request and query: how many slots it sees, and their indices (``None`` where they are a prefix)."""
+    if mask is None:  # transformers skips the mask when it is plain causal over every slot
+        counts = torch.arange(slots - queries + 1, slots + 1).expand(batch, queries).tolist()
+        return counts, [[None] * queries for _ in range(batch)]
+    if _plan[0] is mask:
+        return _plan[1]
+    if mask.dtype != torch.bool or mask.ndim != 4 or mask.shape[1] != 1:
+        raise ValueError(f"invariant attention takes a boolean [B, 1, T, S] mask, got {mask.dtype} "
+                         f"{tuple(mask.shape)}")
+    allowed = mask[:, 0].expand(batch, queries, slots)
+    counts = allowed.sum(-1)
+    prefix = (allowed == (torch.arange(slots, device=device) < counts[..., None])).all(-1).tolist()
+    indices = [[None if prefix[b][t] else allowed[b, t].nonzero().squeeze(1) for t in range(queries)]
+               for b in range(batch)]
+    _plan[0], _plan[1] = mask, (counts.tolist(), indices)
+    return _plan[1]
+
+
+def invariant_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                        attention_mask: torch.Tensor | None, scaling: float, dropout: float = 0.0,
+                        **kwargs) -> tuple[torch.Tensor, None]:
+    """Attention in the ``transformers`` interface, one query row at a time (see the module docstring).
+
+    Args:
+        query: ``[B, H, T, D]``; key, value: ``[B, H_kv, S, D]`` with ``H`` a multiple of ``H_kv``.
+        attention_mask: boolean ``[B, 1, T, S]`` (True: may attend), or ``None`` for causal over all S slots.
+        scaling: the factor on ``q · k``.
+
+    Returns:
+        ``([B, T, H, D]`` in the query's dtype, ``None)``: no attention weights are kept.
+    """
+    for name in ("sliding_window", "softcap", "s_aux"):
+        if kwargs.get(name) is not None:
+            raise ValueError(f"invariant attention does not support {name} (got {kwargs[name]!r})")
+    if dropout:
+        raise ValueError(f"invariant attention is for inference: dropout must be 0, got {dropout}")
+    batch, heads, queries, dim = query.shape
+    kv_heads, slots = key.shape[1], key.shape[2]
+    if heads % kv_heads:
+        raise ValueError(f"{heads} query heads do not group over {kv_heads} key/value heads")
+    counts, indices = _visible(attention_mask, batch, queries, slots, query.device)
+    groups = heads // kv_heads
+    scaled = (query.float() * scaling).reshape(batch, kv_heads, groups, queries, dim)
+    rows = []
+    for b in range(batch):
+        keys_t, values = key[b].float().transpose(1, 2), value[b].float()  # [H_kv, D, S], [H_kv, S, D]
+        for t in range(queries):
+            where, seen = indices[b][t], counts[b][t]
+            k_t = keys_t[:, :, :seen] if where is None else keys_t[:, :, where]
+            v = values[:, :seen] if where is None else values[:, where]
+            rows.append(torch.bmm(torch.softmax(torch.bmm(scaled[b, :, :, t], k_t), -1), v))
+    out = torch.stack(rows).to(query.dtype).reshape(batch, queries, heads, dim)
+    return out, None
+
+
+def register() -> str:
+    """Register :func:`invariant_attention` (with ``transformers``' boolean masks) under :data:`NAME`."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(NAME, invariant_attention)
+    AttentionMaskInterface.register(NAME, sdpa_mask)
+    return NAME
+
