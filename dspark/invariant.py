@@ -9,10 +9,11 @@ about 1e-5 in the logits and flip a greedy token only at near-ties; in bf16 they
 every few hundred.
 
 :func:`invariant_attention` takes the order out of the call's hands. For every request b and every query t it
-gathers the keys that query may see (a slice when they form a prefix of the cache, as they do at batch 1 once
-rejected slots are cropped; an index otherwise) and computes that one query over exactly those keys, in fp32,
-with the same calls a one-token step makes. So a query's output depends only on its own values and the keys it
-sees, not on how many queries share the pass or where masked slots lie. With bf16 products through oneDNN,
+takes the keys that query may see (a slice when they form a prefix of the cache, as they do at batch 1 once
+rejected slots are cropped; gathered once per request and layer otherwise, holes and padding left out) and
+computes that one query over exactly those keys, in fp32, with the same calls a one-token step makes. So a
+query's output depends only on its own values and the keys it sees, not on how many queries share the pass or
+where masked slots lie. With bf16 products through oneDNN,
 which multiply each row alike however many rows come (:mod:`dspark.linear`), and the row-wise norms, rotations
 and activations of decoder layers, a whole target pass then is invariant: greedy speculative decoding equals
 greedy decoding exactly, by construction rather than by luck (``tests/e2e/test_invariant.py``).
@@ -32,15 +33,21 @@ import torch
 NAME = "dspark_invariant"
 """The name under which the attention is registered with ``transformers``."""
 
-_plan: list = [None, None]  # [mask, (visible counts, gather indices)]: one plan per forward, shared by all layers
+Plan = list[tuple[torch.Tensor | list[torch.Tensor] | None, list[int]]]
+_plan: list = [None, None]  # [mask, plan]: one plan per forward, shared by every layer
 
 
-def _visible(mask: torch.Tensor | None, batch: int, queries: int, slots: int,
-             device: torch.device) -> tuple[list[list[int]], list[list[torch.Tensor | None]]]:
-    """Per request and query: how many slots it sees, and their indices (``None`` where they are a prefix)."""
+def _visible(mask: torch.Tensor | None, batch: int, queries: int, slots: int, device: torch.device) -> Plan:
+    """Per request, ``(gather, counts)``: query t sees ``counts[t]`` slots, which are the first ``counts[t]`` of the
+    cache (``gather`` None), or the first ``counts[t]`` of the slots ``gather`` lists (the slots any of the
+    request's queries sees: rolled-back holes and padding left out), or else the slots ``gather[t]`` lists.
+
+    A verify pass's later tokens see what its earlier ones see and then themselves, so the second form is the
+    rule: each request's keys are gathered once per layer, and every query reads a prefix of them. Keys always
+    reach the products laid out alike (gathered along the slots, then viewed transposed), as in a one-token step.
+    """
     if mask is None:  # transformers skips the mask when it is plain causal over every slot
-        counts = torch.arange(slots - queries + 1, slots + 1).expand(batch, queries).tolist()
-        return counts, [[None] * queries for _ in range(batch)]
+        return [(None, list(range(slots - queries + 1, slots + 1))) for _ in range(batch)]
     if _plan[0] is mask:
         return _plan[1]
     if mask.dtype != torch.bool or mask.ndim != 4 or mask.shape[1] != 1:
@@ -48,11 +55,16 @@ def _visible(mask: torch.Tensor | None, batch: int, queries: int, slots: int,
                          f"{tuple(mask.shape)}")
     allowed = mask[:, 0].expand(batch, queries, slots)
     counts = allowed.sum(-1)
-    prefix = (allowed == (torch.arange(slots, device=device) < counts[..., None])).all(-1).tolist()
-    indices = [[None if prefix[b][t] else allowed[b, t].nonzero().squeeze(1) for t in range(queries)]
-               for b in range(batch)]
-    _plan[0], _plan[1] = mask, (counts.tolist(), indices)
-    return _plan[1]
+    plan = []
+    for b in range(batch):
+        seen = allowed[b].any(0).nonzero().squeeze(1)
+        if torch.equal(allowed[b][:, seen], torch.arange(len(seen), device=device) < counts[b, :, None]):
+            whole = len(seen) == 0 or int(seen[-1]) == len(seen) - 1
+            plan.append((None if whole else seen, counts[b].tolist()))
+        else:
+            plan.append(([allowed[b, t].nonzero().squeeze(1) for t in range(queries)], counts[b].tolist()))
+    _plan[0], _plan[1] = mask, plan
+    return plan
 
 
 def invariant_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -77,17 +89,21 @@ def invariant_attention(module: torch.nn.Module, query: torch.Tensor, key: torch
     kv_heads, slots = key.shape[1], key.shape[2]
     if heads % kv_heads:
         raise ValueError(f"{heads} query heads do not group over {kv_heads} key/value heads")
-    counts, indices = _visible(attention_mask, batch, queries, slots, query.device)
+    plan = _visible(attention_mask, batch, queries, slots, query.device)
     groups = heads // kv_heads
     scaled = (query.float() * scaling).reshape(batch, kv_heads, groups, queries, dim)
     rows = []
-    for b in range(batch):
-        keys_t, values = key[b].float().transpose(1, 2), value[b].float()  # [H_kv, D, S], [H_kv, S, D]
+    for b, (gather, counts) in enumerate(plan):
+        keys, values = key[b], value[b]  # [H_kv, S, D]
+        if isinstance(gather, torch.Tensor):
+            keys, values = keys[:, gather], values[:, gather]
+        keys, values = keys.float(), values.float()
         for t in range(queries):
-            where, seen = indices[b][t], counts[b][t]
-            k_t = keys_t[:, :, :seen] if where is None else keys_t[:, :, where]
-            v = values[:, :seen] if where is None else values[:, where]
-            rows.append(torch.bmm(torch.softmax(torch.bmm(scaled[b, :, :, t], k_t), -1), v))
+            if isinstance(gather, list):
+                k, v = keys[:, gather[t]], values[:, gather[t]]
+            else:
+                k, v = keys[:, :counts[t]], values[:, :counts[t]]
+            rows.append(torch.bmm(torch.softmax(torch.bmm(scaled[b, :, :, t], k.transpose(1, 2)), -1), v))
     out = torch.stack(rows).to(query.dtype).reshape(batch, queries, heads, dim)
     return out, None
 

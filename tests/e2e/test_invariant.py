@@ -28,15 +28,21 @@ BF16_LAYOUTS = [(0, "transposed", 1)] + (
     [(SKINNY_ROWS, "packed", 1)] if dspark.linear.packed_layout_available(torch.bfloat16) else [])
 
 
-def _inputs(seed, batch, heads, kv_heads, queries, slots, dim, dtype=torch.float32):
+def _inputs(seed, batch, heads, kv_heads, queries, slots, dim, dtype=torch.float32, holes="random"):
+    """Random q, k, v and a mask. ``holes``: ``"random"`` masks slots at random on top of causality (each query its
+    own, so no query's keys nest in another's); ``"verify"`` masks the same random context slots for every query,
+    as rolled-back drafts and padding are, before a causal block; ``"none"`` is causal over every slot."""
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(batch, heads, queries, dim, generator=gen).to(dtype)
     k = torch.randn(batch, kv_heads, slots, dim, generator=gen).to(dtype)
     v = torch.randn(batch, kv_heads, slots, dim, generator=gen).to(dtype)
-    # Random holes (rolled-back or padding slots) on top of causality; every query keeps at least one slot.
-    allowed = torch.rand(batch, queries, slots, generator=gen) < 0.7
-    allowed &= torch.arange(slots) <= torch.arange(slots - queries, slots)[:, None]
-    allowed[..., 0] = True
+    allowed = torch.arange(slots) <= torch.arange(slots - queries, slots)[:, None]
+    if holes == "random":
+        allowed = allowed & (torch.rand(batch, queries, slots, generator=gen) < 0.7)
+    elif holes == "verify":
+        allowed = allowed & (torch.rand(batch, 1, slots, generator=gen) < 0.7)
+    allowed = allowed.expand(batch, queries, slots).clone()
+    allowed[..., 0] = True  # every query keeps at least one slot
     return q, k, v, allowed[:, None]
 
 
@@ -60,9 +66,12 @@ def test_invariant_attention_is_attention(batch, kv_heads, groups, queries, extr
     assert_within_reference_error(got, sdpa, exact, name="invariant attention")
 
 
+@pytest.mark.parametrize("holes", ["random", "verify", "none"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_each_query_row_equals_that_query_alone_over_its_own_keys(dtype):
-    q, k, v, allowed = _inputs(5, 3, 6, 2, 7, 19, 16, dtype)
+def test_each_query_row_equals_that_query_alone_over_its_own_keys(dtype, holes):
+    # The three ways keys are taken (an index per query, one gather per request, a slice of the cache) must give
+    # what a one-query pass over a cache holding exactly the seen keys gives: a one-token step with no holes.
+    q, k, v, allowed = _inputs(5, 3, 6, 2, 7, 19, 16, dtype, holes)
     out, _ = invariant_attention(None, q, k, v, allowed, 0.25)
     for b in range(3):
         for t in range(7):
