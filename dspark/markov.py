@@ -62,7 +62,8 @@ def markov_feature_step(
     Returns:
         ``(feature [N, r], new_state)``; ``new_state`` is ``None`` for stateless heads.
     """
-    emb = weights.w1[prev_ids]
+    # Rows are gathered before any upcast, so a half-precision table is never converted whole.
+    emb = weights.w1[prev_ids].to(torch.promote_types(weights.w1.dtype, hidden.dtype))
     if weights.head_type == "vanilla":
         return emb, None
     if weights.head_type == "gated":
@@ -174,9 +175,9 @@ def sample_block(
     # with the base logits must not be rounded to bf16 before the softmax.
     compute = torch.promote_types(base_logits.dtype, torch.float32)
     base_logits, hidden = base_logits.to(compute), hidden.to(compute)
-    if weights is not None:
+    if weights is not None:  # W1 too large to upcast whole: markov_feature_step upcasts the rows it gathers
         weights = weights._replace(**{name: value.to(compute) for name, value in weights._asdict().items()
-                                      if isinstance(value, torch.Tensor)})
+                                      if isinstance(value, torch.Tensor) and name != "w1"})
     gamma = base_logits.shape[1]
     prev = anchor_ids
     state = None
