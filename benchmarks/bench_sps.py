@@ -11,7 +11,8 @@ KV cache of ``--context`` tokens. Each step runs the target's forward in eager H
   rows, where torch has MKL) and with ``F.linear`` everywhere, passes alternating, so each machine's results
   show what each layout is worth there. Where oneDNN runs bf16 on this CPU, the same target in bf16 follows, up
   to 64 tokens (the batches CPU decoding uses), with invariant attention (``dspark.invariant``) and oneDNN-packed
-  weights or ``F.linear``, and with packed weights and stock attention, which tells what invariance costs.
+  weights or ``F.linear`` (both in calls of at most 32 rows, as ``dspark.linear`` runs bf16), and with packed
+  weights and stock attention, which tells what invariance costs.
 * ``--device cuda``: random-weight bf16 models of two architectures, SmolLM2-135M and Qwen3-8B (the
   paper's scale). Latency does not depend on weight values, so random weights measure the real curve.
 
@@ -147,7 +148,7 @@ def main() -> None:
 
             del target
             target = load_default_target(dtype=torch.bfloat16, invariant_attention=True)
-            layouts = {"bf16 packed": (SKINNY_ROWS, "packed", 1), "bf16 F.linear": (0, "transposed", 1),
+            layouts = {"bf16 packed": (SKINNY_ROWS, "packed", 1), "bf16 F.linear": (SKINNY_ROWS, "transposed", 1),
                        "bf16 packed, stock attention": (SKINNY_ROWS, "packed", 1)}
             attention = {name: "sdpa" if "stock" in name else invariant.NAME for name in layouts}
             print(f"SmolLM2-135M-Instruct (real weights, bf16), context {context}, invariant attention unless stock")

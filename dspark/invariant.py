@@ -4,24 +4,29 @@ Speculative decoding is lossless in distribution whatever the arithmetic, but gr
 same tokens as the target alone. That holds only as far as the target's verify pass of T tokens computes, for
 each token, the logits a one-token step would. Floating-point sums differ with their order, and library kernels
 choose the order by the shape of the whole call: a product of 8 rows, attention over 8 queries, or over a cache
-with masked slots, each sums differently from one row over exactly its own keys. In fp32 the differences are
-about 1e-5 in the logits and flip a greedy token only at near-ties; in bf16 they reach tenths and flip tokens
-every few hundred.
+with masked slots, each sums differently from one row over exactly its own keys. In fp32 the logits then differ
+by about 1e-5, which flips a greedy token only at near-ties; in bf16 by up to tenths, and greedy speculative
+decoding of SmolLM2-135M lost token identity on the demo's prompts.
 
 :func:`invariant_attention` takes the order out of the call's hands. For every request b and every query t it
 takes the keys that query may see (a slice when they form a prefix of the cache, as they do at batch 1 once
 rejected slots are cropped; gathered once per request and layer otherwise, holes and padding left out) and
 computes that one query over exactly those keys, in fp32, with the same calls a one-token step makes. So a
 query's output depends only on its own values and the keys it sees, not on how many queries share the pass or
-where masked slots lie. With bf16 products through oneDNN,
-which multiply each row alike however many rows come (:mod:`dspark.linear`), and the row-wise norms, rotations
-and activations of decoder layers, a whole target pass then is invariant: greedy speculative decoding equals
-greedy decoding exactly, by construction rather than by luck (``tests/e2e/test_invariant.py``).
+where masked slots lie. The rest of a decoder layer is row by row (norms, rotations, activations) but for the
+products, and for those oneDNN's bf16 kernels give each row what it gives alone in calls of up to
+:data:`dspark.linear.BF16_INVARIANT_ROWS` rows, which :mod:`dspark.linear` never exceeds in few-row products, for
+most weight shapes: all of SmolLM2-135M's, not every odd one (:func:`shapes_not_row_invariant` names them, and
+a target with such a layer warns). Then a whole verify pass gives each token the logits of a one-token step bit
+for bit, and greedy speculative decoding equals greedy decoding of the same batch of requests
+(``tests/e2e/test_invariant.py``, and ``tests/e2e/test_real_target.py`` on the default target). Prefills of
+more rows than few-row products take stay as oneDNN computes them, so a request's tokens can still depend on
+which other prompts shared its prefill.
 
-The price is a Python loop over requests × queries in every layer: about a tenth of a step for an 8-token
-verify pass of SmolLM2-135M at batch 1 (``benchmarks/results/e2e_cpu.json`` has the profile), and a few
-percent on a one-token step. It supports plain causal attention with grouped key/value heads, the attention of
-Llama, Qwen2/3 and Mistral without a sliding window; windows, logit soft-capping and attention sinks are refused.
+The price is a Python loop over requests × queries in every layer: on a 2-core Xeon it adds 7% to a one-token
+step of SmolLM2-135M at batch 1 and 14% to an 8-token verify pass (``benchmarks/results/sps_cpu_xeon.json``). It
+supports plain causal attention with grouped key/value heads, the attention of Llama, Qwen2/3 and Mistral
+without a sliding window; windows, logit soft-capping and attention sinks are refused.
 
 Targets take it with ``load_target(..., invariant_attention=True)`` (or ``TargetModel(...)``'s argument).
 """
@@ -106,6 +111,33 @@ def invariant_attention(module: torch.nn.Module, query: torch.Tensor, key: torch
             rows.append(torch.bmm(torch.softmax(torch.bmm(scaled[b, :, :, t], k.transpose(1, 2)), -1), v))
     out = torch.stack(rows).to(query.dtype).reshape(batch, queries, heads, dim)
     return out, None
+
+
+def shapes_not_row_invariant(model: torch.nn.Module) -> list[tuple[int, int]]:
+    """The ``(out, in)`` shapes of ``model``'s bf16 linear weights whose products, on this machine, do not give
+    each row what that row gives alone (random inputs, one call of
+    :data:`dspark.linear.BF16_INVARIANT_ROWS` rows, the most a few-row bf16 call takes).
+
+    oneDNN's bf16 kernels keep rows apart for most shapes, every product of SmolLM2-135M among them, but not for
+    all: some inner sizes (8, 12 or 25 at some widths, on a Xeon with AMX) are summed another way once several
+    rows come. A target with such a layer cannot promise bit-for-bit verify passes.
+    """
+    import torch.nn.functional as F
+
+    from dspark.linear import BF16_INVARIANT_ROWS
+
+    shapes = sorted({tuple(m.weight.shape) for m in model.modules()
+                     if isinstance(m, torch.nn.Linear) and m.weight.dtype == torch.bfloat16})
+    gen = torch.Generator().manual_seed(0)
+    failing = []
+    with torch.no_grad():
+        for outputs, features in shapes:
+            weight = torch.randn(outputs, features, generator=gen).bfloat16()
+            x = torch.randn(BF16_INVARIANT_ROWS, features, generator=gen).bfloat16()
+            alone = torch.cat([F.linear(row, weight) for row in x.split(1)])
+            if not torch.equal(F.linear(x, weight), alone):
+                failing.append((outputs, features))
+    return failing
 
 
 def register() -> str:

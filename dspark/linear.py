@@ -23,16 +23,19 @@ MKL's ``sgemm_pack``, multiplied against with ``sgemm_compute``; each copy is si
 memory again per bucket used. Single rows stay matrix-vector products, and on some CPUs MKL multiplies 2 or 3
 rows without repacking too, so the setting also says from how many rows the layout starts (``min_rows``). For
 bf16 weights it is oneDNN's blocked layout, one copy for any number of rows, single rows included: on CPUs
-with AMX a bf16 product of 1 to 16 rows then costs about the same, two thirds of an unpacked one-row product
-(``bench_sps.py`` times a bf16 target too). oneDNN multiplies the packed copy exactly as ``F.linear`` multiplies
-the weight, so in bf16 this layout changes speed and not one bit of the results (``tests/modules/test_linear.py``
-checks it). Copies are dropped with the weight or by :func:`clear_packed_weights`; an in-place change to the
-weight (an optimiser step, ``load_state_dict``) makes them repack. The layout needs a torch built with MKL for
+with AMX a bf16 pass of 1 to 8 tokens then costs little more than one token (``sps_cpu_xeon.json``). oneDNN
+multiplies the packed copy exactly as ``F.linear`` multiplies the weight, so in bf16 this layout changes speed
+and not one bit of the results (``tests/modules/test_linear.py`` checks it). Copies are dropped with the weight
+or by :func:`clear_packed_weights`; an in-place change to the weight (an optimiser step, ``load_state_dict``)
+makes them repack. The layout needs a torch built with MKL for
 fp32 or with oneDNN for bf16 (:func:`packed_layout_available`: x86 CPU wheels have both) and inputs that need no
 gradient; others take ``F.linear``.
 
-``Linear`` is ``nn.Linear`` with these layouts on CPU inputs of at most :func:`skinny_rows` rows; it has the
-same parameters and state-dict keys, so checkpoints and exports do not see it. On GPUs, and for longer
+bf16 inputs never take ``(W · xᵀ)ᵀ``: in bf16 the few-row products are ``F.linear`` or the packed copy, in calls
+of at most :data:`BF16_INVARIANT_ROWS` rows, so that each row comes out as it would alone, whatever else shares
+the pass (what :mod:`dspark.invariant` builds on). ``Linear`` is ``nn.Linear`` with these layouts on CPU inputs
+of at most :func:`skinny_rows` rows; it has the same parameters and state-dict keys, so checkpoints and exports
+do not see it. On GPUs, and for longer
 inputs (prefill, training batches), it is ``F.linear``. All layouts compute the same dot products; results
 agree to the dtype's rounding, not bitwise, because the products accumulate in another order (bf16 in the
 packed layout excepted, as above).
@@ -61,6 +64,14 @@ docstring."""
 
 PACKED_BUCKETS = (4, 8, 16, 32, 64)
 
+BF16_INVARIANT_ROWS = 32
+"""The most rows a few-row bf16 product hands oneDNN in one call. On a Xeon with AMX, up to 32 rows oneDNN gives
+each row what it gives that row alone, for most weight shapes and all of SmolLM2-135M's; from 33 rows (54 for
+576 × 576 weights) it switches kernels and rows change by rounding. So longer few-row bf16 inputs are cut into
+calls of at most this many rows, and a row does not depend on its batch-mates (what :mod:`dspark.invariant`
+builds on; ``tests/modules/test_linear.py`` checks it, :func:`dspark.invariant.shapes_not_row_invariant` finds
+the shapes it does not hold for)."""
+
 _skinny_rows = SKINNY_ROWS
 _layout = "transposed"
 _min_rows = 1
@@ -85,17 +96,19 @@ def skinny_min_rows() -> int:
 
 
 def describe_layout(dtype: torch.dtype | None = None) -> str:
-    """The current setting in words, for reports; ``dtype`` (the model's) narrows the packed layout to its kind."""
+    """The current setting in words, for reports; ``dtype`` (the model's) narrows it to what that dtype takes."""
     if _skinny_rows == 0:
         return "F.linear"
 
     def span(first: int) -> str:
         return f"up to {_skinny_rows} rows" if first == 1 else f"{first} to {_skinny_rows} rows"
 
+    chunks = f"in calls of up to {BF16_INVARIANT_ROWS} rows"
     if _layout == "transposed":
-        return f"(W·xᵀ)ᵀ for {span(_min_rows)}"
-    mkl, onednn = f"MKL-packed fp32 weights for {span(max(_min_rows, 2))}", f"oneDNN-packed bf16 weights for " \
-                                                                            f"{span(_min_rows)}"
+        transposed, bf16 = f"(W·xᵀ)ᵀ for {span(_min_rows)}", f"bf16 F.linear {chunks} for {span(_min_rows)}"
+        return {torch.float32: transposed, torch.bfloat16: bf16}.get(dtype, f"{transposed}, {bf16}")
+    mkl = f"MKL-packed fp32 weights for {span(max(_min_rows, 2))}"
+    onednn = f"oneDNN-packed bf16 weights {chunks} for {span(_min_rows)}"
     return {torch.float32: mkl, torch.bfloat16: onednn}.get(dtype, f"{mkl}, {onednn}")
 
 
@@ -167,8 +180,17 @@ def _packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     return out[:rows].reshape(*x.shape[:-1], weight.shape[0])
 
 
-def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return torch.ops.mkldnn._linear_pointwise(x, _packed_weight(weight, _ONEDNN), bias, "none", [], "")
+def _bf16_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, rows: int,
+                 packed: bool) -> torch.Tensor:
+    flat = x.reshape(rows, x.shape[-1])
+    if packed:
+        copy = _packed_weight(weight, _ONEDNN)
+        chunks = [torch.ops.mkldnn._linear_pointwise(part, copy, bias, "none", [], "")
+                  for part in flat.split(BF16_INVARIANT_ROWS)]
+    else:
+        chunks = [F.linear(part, weight, bias) for part in flat.split(BF16_INVARIANT_ROWS)]
+    out = chunks[0] if len(chunks) == 1 else torch.cat(chunks)
+    return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -179,15 +201,15 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     if x.device.type != "cpu" or not _min_rows <= rows <= _skinny_rows or x.dtype != weight.dtype:
         return F.linear(x, weight, bias)
+    needs_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                              or (bias is not None and bias.requires_grad))
+    # Inference tensors keep no version counter, so an in-place update could not be told from a stale copy.
+    packable = not needs_grad and not weight.is_inference() and (bias is None or bias.dtype == x.dtype)
+    if weight.dtype == torch.bfloat16:
+        return _bf16_linear(x, weight, bias, rows, packed=_layout == "packed" and packable
+                            and packed_layout_available(torch.bfloat16))
     if _layout == "packed":
-        needs_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
-                                                  or (bias is not None and bias.requires_grad))
-        # Inference tensors keep no version counter, so an in-place update could not be told from a stale copy.
-        if needs_grad or weight.is_inference() or (bias is not None and bias.dtype != x.dtype):
-            return F.linear(x, weight, bias)
-        if weight.dtype == torch.bfloat16 and packed_layout_available(torch.bfloat16):
-            return _onednn_linear(x, weight, bias)
-        if rows == 1 or weight.dtype != torch.float32 or not packed_layout_available(torch.float32):
+        if not packable or rows == 1 or weight.dtype != torch.float32 or not packed_layout_available(torch.float32):
             return F.linear(x, weight, bias)
         return _packed_linear(x, weight, bias, rows)
     out = (weight @ x.reshape(rows, x.shape[-1]).T).T

