@@ -1261,10 +1261,11 @@ def _layout_sentence(out: list[str]) -> None:
                  f"{relative(name, 'bf16 packed, stock attention')}× a one-token pass with stock attention, and "
                  f"{relative(name, 'bf16 packed')}× with the invariant attention above, whose loop over queries "
                  f"adds {num(100 * extra[1], '.0f')}% to a one-token pass and {num(100 * extra[8], '.0f')}% to an "
-                 f"8-token one. A one-token pass takes {num(ms('bf16 packed', 1), '.1f')} ms so, against "
-                 f"{num(ms('F.linear', 1), '.1f')} ms in fp32; unpacked bf16 weights "
-                 f"({relative(name, 'bf16 F.linear')}×, {num(ms('bf16 F.linear', 1), '.1f')} ms for one token) are "
-                 "slower at every width.")
+                 f"8-token one. Unpacked bf16 weights take {relative(name, 'bf16 F.linear')}× and "
+                 f"{num(ms('bf16 F.linear', 1), '.1f')} ms for one token, against {num(ms('bf16 packed', 1), '.1f')} "
+                 f"ms packed ({num(ms('bf16 packed, stock attention', 1), '.1f')} with stock attention) and "
+                 f"{num(ms('F.linear', 1), '.1f')} ms in fp32 (timed minutes apart, not interleaved with the fp32 "
+                 "passes: compare across dtypes with care).")
     out.append(text + " So the layout is not fixed: `dspark.decoding.choose_few_row_layout` profiles the verify "
                "pass in each at start-up, as the demo and `bench_e2e.py` do, and keeps the fastest for the process "
                "(the verify-pass profiles are single runs of a few repeats, so read differences under about 10% as "
