@@ -16,29 +16,28 @@ comes near a one-token pass at 8 tokens. So the layout is a process-wide setting
 (:func:`set_skinny_rows`, :func:`few_row_layout`), and :func:`dspark.decoding.choose_few_row_layout` times the
 target's verify pass in each layout at start-up and keeps the fastest.
 
-A third layout hands the repacking to the library once: ``"packed"`` keeps, per weight, a copy laid out for
-the GEMM kernel, so no call repacks ``W`` (``bench_sps.py`` times it as ``packed``). For fp32 weights that is
-MKL's ``sgemm_pack``, multiplied against with ``sgemm_compute``; each copy is sized for a bucket of rows (4, 8,
-16, 32 or 64: the input is padded with zero rows up to its bucket, the use MKL documents) and costs the weight's
-memory again per bucket used. Single rows stay matrix-vector products, and on some CPUs MKL multiplies 2 or 3
-rows without repacking too, so the setting also says from how many rows the layout starts (``min_rows``). For
-bf16 weights it is oneDNN's blocked layout, one copy for any number of rows, single rows included: on CPUs
-with AMX a bf16 pass of 1 to 8 tokens then costs little more than one token (``sps_cpu_xeon.json``). oneDNN
-multiplies the packed copy exactly as ``F.linear`` multiplies the weight, so in bf16 this layout changes speed
-and not one bit of the results (``tests/modules/test_linear.py`` checks it). Copies are dropped with the weight
-or by :func:`clear_packed_weights`; an in-place change to the weight (an optimiser step, ``load_state_dict``)
-makes them repack. The layout needs a torch built with MKL for
-fp32 or with oneDNN for bf16 (:func:`packed_layout_available`: x86 CPU wheels have both) and inputs that need no
-gradient; others take ``F.linear``.
+A third layout hands the repacking to the library once: ``"packed"`` keeps, per weight, a copy laid out for the
+GEMM kernel, so no call repacks ``W`` (``bench_sps.py`` times it as ``packed``). For fp32 weights that is MKL's
+``sgemm_pack``, multiplied against with ``sgemm_compute``; each copy is sized for a bucket of rows (4, 8, 16, 32
+or 64: the input is padded with zero rows up to its bucket, the use MKL documents) and costs the weight's memory
+again per bucket used. Single rows stay matrix-vector products, and on some CPUs MKL multiplies 2 or 3 rows
+without repacking too, so the setting also says from how many rows the layout starts (``min_rows``). For bf16
+weights it is oneDNN's blocked layout, one copy for any number of rows, single rows included: on CPUs with AMX a
+bf16 pass of 1 to 8 tokens then costs little more than one token (``sps_cpu_xeon.json``). oneDNN multiplies the
+packed copy exactly as ``F.linear`` multiplies the weight, so in bf16 this layout changes speed and not one bit
+of the results (``tests/modules/test_linear.py`` checks it). Copies are dropped with the weight or by
+:func:`clear_packed_weights`; an in-place change to the weight (an optimiser step, ``load_state_dict``) makes
+them repack. The layout needs a torch built with MKL for fp32 or with oneDNN for bf16
+(:func:`packed_layout_available`: x86 CPU wheels have both) and inputs that need no gradient; others take
+``F.linear``.
 
 bf16 inputs never take ``(W · xᵀ)ᵀ``: in bf16 the few-row products are ``F.linear`` or the packed copy, in calls
 of at most :data:`BF16_INVARIANT_ROWS` rows, so that each row comes out as it would alone, whatever else shares
 the pass (what :mod:`dspark.invariant` builds on). ``Linear`` is ``nn.Linear`` with these layouts on CPU inputs
 of at most :func:`skinny_rows` rows; it has the same parameters and state-dict keys, so checkpoints and exports
-do not see it. On GPUs, and for longer
-inputs (prefill, training batches), it is ``F.linear``. All layouts compute the same dot products; results
-agree to the dtype's rounding, not bitwise, because the products accumulate in another order (bf16 in the
-packed layout excepted, as above).
+do not see it. On GPUs, and for longer inputs (prefill, training batches), it is ``F.linear``. All layouts
+compute the same dot products; results agree to the dtype's rounding, not bitwise, because the products
+accumulate in another order; in bf16 both layouts are oneDNN's, in the same calls, and agree bit for bit.
 """
 
 from __future__ import annotations
