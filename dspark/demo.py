@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import textwrap
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -14,8 +15,11 @@ from dspark.linear import describe_layout
 from dspark.report import format_table
 from dspark.scheduler import PrefixScheduler
 
+if TYPE_CHECKING:
+    from dspark.target import TargetModel
 
-def load_demo_target(precision: str = "auto"):
+
+def load_demo_target(precision: str = "auto") -> tuple[TargetModel, str]:
     """The default target for decoding, in ``precision``: ``"fp32"``, ``"bf16"``, or ``"auto"`` (bf16 where this
     machine multiplies bf16 faster than fp32, :func:`dspark.training.fastest_precision`). A bf16 target computes
     attention one query row at a time (:mod:`dspark.invariant`), so that its greedy speculative decoding gives
