@@ -1,19 +1,19 @@
 """Speculative vs target-only decoding with the default target, batch 1 and 4, in one run.
 
-Greedy decoding of held-out real prompts (math, code, chat) with SmolLM2-135M-Instruct; the drafter is
-``--drafter PATH``, else the trained one when available (``dspark.checkpoint.find_default_drafter``), else an
-untrained one, and the result says which. Speculative decoding runs twice per batch: verifying every drafted
-slot, and with Algorithm 1 (with the demo's back-off) on a verify-latency profile taken at that batch, as an
-engine would at start-up; that profiling also keeps the fastest layout of few-row products on this CPU
-(``dspark.decoding.choose_few_row_layout``), for all three modes. The target and drafter run in ``--precision``
-(default auto: bf16 where this CPU multiplies bf16 faster, with invariant attention, ``dspark.invariant``), and the
-target alone is also timed once per batch in the other precision, so the speedup can be read against the fastest
-plain decoding too. The three modes take turns, chunk of prompts
-by chunk. Reports tokens/s of both modes, their ratio, τ and per-position acceptance, what a round costs in
-units of one plain target step at the same batch (draft, schedule, the verify pass's forward, verification with
-its cache updates, bookkeeping), the profile, and checks the outputs are identical. Writes ``e2e_cpu.json`` (or
-``_gpu``; ``--tag NAME`` appends ``_NAME``, to keep another drafter's or machine's run apart from the one the
-paper reads).
+Greedy decoding of held-out real prompts (math, code, chat) with SmolLM2-135M-Instruct; the drafter is ``--drafter
+PATH``, else the trained one when available (``dspark.checkpoint.find_default_drafter``), else an untrained one, and
+the result says which. Speculative decoding runs twice per batch: verifying every drafted slot, and with Algorithm 1
+(with the demo's back-off) on a verify-latency profile taken at that batch, as an engine would at start-up; that
+profiling also keeps the fastest layout of few-row products on this CPU (``dspark.decoding.choose_few_row_layout``),
+for all three modes. The target and drafter run in ``--precision`` (default auto: bf16 where this CPU multiplies
+bf16 faster, with invariant attention, ``dspark.invariant``). A bf16 run also times the fp32 target alone on the
+same prompts, in the same rotation, so that its speedup can be read against fp32 plain decoding as well
+(``fp32_target_only_tokens_per_s``; those outputs differ by bf16 rounding and are not compared). The modes take
+turns, chunk of prompts by chunk. Reports tokens/s of both modes, their ratio, τ and per-position acceptance, what a
+round costs in units of one plain target step at the same batch (draft, schedule, the verify pass's forward,
+verification with its cache updates, bookkeeping), the profile, and checks the outputs are identical. Writes
+``e2e_cpu.json`` (or ``_gpu``; ``--tag NAME`` appends ``_NAME``, to keep another drafter's or machine's run apart
+from the one the paper reads).
 
     python benchmarks/bench_e2e.py [--prompts-per-domain 3] [--max-new-tokens 64] [--drafter PATH] [--tag NAME]
                                    [--precision auto|bf16|fp32] [--out benchmarks/results]
