@@ -13,6 +13,9 @@ from dspark.scheduler import FixedLength, PrefixScheduler, SPSTable
 from dspark.testing import assert_within_reference_error
 from tests.e2e.conftest import drafter_for, tiny_target
 
+# Both few-row layouts a bf16 target may take (dspark.decoding.choose_few_row_layout).
+BF16_LAYOUTS = [(SKINNY_ROWS, "transposed", 1)] + (
+    [(SKINNY_ROWS, "packed", 1)] if dspark.linear.packed_layout_available(torch.bfloat16) else [])
 LONG_PROMPTS = [[(7 * i + r) % 60 + 1 for i in range(length)] for r, length in enumerate((60, 47, 53))]
 # Head dimension 64 over a context of some 60 slots: at these sizes torch 2.13's stock CPU attention already sums a
 # pass of 6 queries differently from 6 one-query passes in bf16 (test_the_fixture_tells_stock_attention_apart),
@@ -24,8 +27,6 @@ WIDE = dict(hidden_size=192, num_attention_heads=3, num_key_value_heads=1, inter
 def _wide_bf16_target(architecture="llama", invariant_attention=True):
     return tiny_target(architecture, taps=(1,), dtype=torch.bfloat16, invariant_attention=invariant_attention,
                        **WIDE)
-BF16_LAYOUTS = [(SKINNY_ROWS, "transposed", 1)] + (
-    [(SKINNY_ROWS, "packed", 1)] if dspark.linear.packed_layout_available(torch.bfloat16) else [])
 
 
 def _inputs(seed, batch, heads, kv_heads, queries, slots, dim, dtype=torch.float32, holes="random"):
