@@ -6,7 +6,7 @@ each token, the logits a one-token step would. Floating-point sums differ with t
 choose the order by the shape of the whole call: a product of 8 rows, attention over 8 queries, or over a cache
 with masked slots, each sums differently from one row over exactly its own keys. In fp32 the logits then differ
 by about 1e-5, which flips a greedy token only at near-ties; in bf16 by up to tenths, and greedy speculative
-decoding of SmolLM2-135M lost token identity on the demo's prompts.
+decoding of SmolLM2-135M lost token identity on bench_e2e.py's prompts.
 
 :func:`invariant_attention` takes the order out of the call's hands. For every request b and every query t it
 takes the keys that query may see (a slice when they form a prefix of the cache, as they do at batch 1 once
