@@ -53,12 +53,13 @@ def _train_settings(args) -> dict:
         unknown = set(loaded) - allowed
         if unknown:
             raise SystemExit(f"{args.config}: unknown settings {sorted(unknown)}; allowed: {sorted(allowed)}")
-        if "answers" in loaded:  # a path in a config file is relative to that file
-            loaded["answers"] = str(Path(args.config).resolve().parent / loaded["answers"])
+        for key in ("answers", "continue_from"):  # a path in a config file is relative to that file
+            if loaded.get(key) is not None:
+                loaded[key] = str(Path(args.config).resolve().parent / loaded[key])
         settings.update(loaded)
     flags = {"objective": args.objective, "steps": args.steps, "num_prompts": args.prompts,
              "num_draft_layers": args.layers, "block_size": args.block_size, "precision": args.precision,
-             "ce_weight": args.ce_weight, "l1_weight": args.l1_weight}
+             "ce_weight": args.ce_weight, "l1_weight": args.l1_weight, "continue_from": args.continue_from}
     settings.update({k: v for k, v in flags.items() if v is not None})
     return settings
 
@@ -93,6 +94,9 @@ def main(argv: list[str] | None = None) -> int:
                        help="dspark objective: the cross-entropy term's weight (default 0.1)")
     train.add_argument("--l1-weight", type=float, default=None,
                        help="dspark objective: the L1 (distribution-matching) term's weight (default 0.9)")
+    train.add_argument("--continue-from", default=None,
+                       help="a drafter directory this command wrote (same objective and data): train it further, "
+                            "the learning-rate schedule starting over and the data picking up where it stopped")
     train.add_argument("--output", default=None, help="default: the cache the demo reads")
     export = sub.add_parser("export", help="write a trained drafter in the speculators format vLLM serves")
     export.add_argument("--drafter", default=None, help="dspark drafter directory (default: the demo's)")

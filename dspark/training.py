@@ -22,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import datetime
 import functools
+import hashlib
 import json
 import math
 import os
@@ -32,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from dspark.checkpoint import load_drafter, write_drafter_files
+from dspark.checkpoint import load_drafter, read_checkpoint_config, write_drafter_files
 from dspark.drafter import DSparkDrafter
 from dspark.io import atomic_directory
 from dspark.loss import CE_WEIGHT, CONFIDENCE_WEIGHT, DECAY, L1_WEIGHT, dspark_loss, position_weights, vocab_product
@@ -235,6 +236,10 @@ class TrainConfig:
     sampling rewards; greedy verification rewards only the argmax, which cross-entropy trains directly.
     The confidence head's BCE stays at weight 1 either way: its label, ``1 − L1/2``, needs no L1 gradient.
 
+    ``step_offset``: the steps a drafter took before this run, when the run continues it. Its data order and
+    anchors pick up after them (no step repeats an earlier one's blocks) and the steps it reports count from
+    there; the learning-rate schedule (warm-up, then cosine over ``steps``) starts over.
+
     ``precision``: ``bf16`` runs the drafter under bf16 autocast and the loss's vocabulary products on bf16
     operands (softmax, CE, L1 and the weights' updates stay fp32); ``fp32`` runs everything in fp32;
     ``auto`` is bf16 on a GPU and fp32 on a CPU. On CPUs with bf16 units ``bf16`` is about twice as fast;
@@ -258,6 +263,7 @@ class TrainConfig:
     precision: str = "auto"
     ce_weight: float | None = None
     l1_weight: float | None = None
+    step_offset: int = 0
 
     def __post_init__(self):
         if self.objective not in ("dspark", "dflash", "eagle3"):
@@ -271,6 +277,8 @@ class TrainConfig:
                              f"{weights['ce_weight']} and {weights['l1_weight']}")
         if self.steps < 1 or self.sequences_per_step < 1 or self.num_anchors < 1:
             raise ValueError("steps, sequences_per_step and num_anchors must be positive")
+        if self.step_offset < 0:
+            raise ValueError(f"step_offset must be >= 0, got {self.step_offset}")
         if self.precision not in ("auto", "fp32", "bf16"):
             raise ValueError(f"precision must be 'auto', 'fp32' or 'bf16', got {self.precision!r}")
 
@@ -435,7 +443,8 @@ class Trainer:
         """One optimiser step over ``sequences_per_step`` sequences (this rank's share of them)."""
         rank, world = self._world()
         per = self.config.sequences_per_step
-        indices = [(self.step * per + i) % len(self.train) for i in range(per)]
+        step = self.config.step_offset + self.step  # the step in the drafter's whole training
+        indices = [(step * per + i) % len(self.train) for i in range(per)]
         mine = [(i, idx) for i, idx in enumerate(indices) if i % world == rank]
         self.answer_tokens_seen += sum(int(self.train[idx].loss_mask.sum()) for idx in indices)
         self.drafter.train()
@@ -443,14 +452,14 @@ class Trainer:
         totals = torch.zeros(3, dtype=torch.float64)
         if self.config.objective == "eagle3":
             # The normaliser counts chains (each supervises its first step), summed over ranks first.
-            counted = sum(len(self._chain_anchors(self.step, idx, self.train[idx])) for _, idx in mine)
+            counted = sum(len(self._chain_anchors(step, idx, self.train[idx])) for _, idx in mine)
             normalizer = self._all_reduce(torch.tensor(float(counted), dtype=torch.float64))
             for _, idx in mine:
-                out = self._ttt(self.step, idx, self.train[idx], normalizer)
+                out = self._ttt(step, idx, self.train[idx], normalizer)
                 out.loss.backward()
                 totals[0] += float(out.ce_sums[0]) / float(normalizer.clamp(min=1))
         else:
-            blocks = [self._blocks(self.step, idx, self.train[idx]) for _, idx in mine]
+            blocks = [self._blocks(step, idx, self.train[idx]) for _, idx in mine]
             normalizer = self._all_reduce(torch.tensor(float(sum(float(b.weights.sum()) for b in blocks)),
                                                        dtype=torch.float64))
             head = self._loss_head()  # cast once per step: the cast saves nothing, so every backward can pass it
@@ -472,7 +481,7 @@ class Trainer:
         ce, l1, bce = totals.tolist()
         w = self.config.loss_weights()
         # For eagle3, "ce" is the first unrolled step's soft cross-entropy (the one every chain starts with).
-        return {"step": self.step, "answer_tokens_seen": self.answer_tokens_seen,
+        return {"step": self.config.step_offset + self.step, "answer_tokens_seen": self.answer_tokens_seen,
                 "loss": w["ce_weight"] * ce + w["l1_weight"] * l1 + w["confidence_weight"] * bce,
                 "ce": ce, "l1": l1, "bce": bce, "grad_norm": float(grad_norm),
                 "lr": self.optimizer.param_groups[0]["lr"]}
@@ -532,7 +541,8 @@ class Trainer:
             bar = tqdm(total=self.config.steps, initial=self.step, desc="training", unit="step")
         if self.config.eval_every and self.held_out and not self.history:
             # The untrained drafter's numbers start the curve, and the bar shows them from the first step.
-            first = {"step": 0, "answer_tokens_seen": 0, **self.evaluate(), "seconds": self.elapsed}
+            first = {"step": self.config.step_offset, "answer_tokens_seen": self.answer_tokens_seen, **self.evaluate(),
+                     "seconds": self.elapsed}
             self.history.append(first)
             if bar:
                 bar.set_postfix(tau_prob=f"{first['eval_tau_prob']:.2f}", acc1=f"{first['eval_accuracy'][0]:.2f}")
@@ -643,6 +653,7 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
                           precision: str = "auto", held_out: int = 48, eval_every: int = 200,
                           seed: int = 0, ce_weight: float | None = None, l1_weight: float | None = None,
                           answers: str | os.PathLike | None = None,
+                          continue_from: str | os.PathLike | None = None,
                           work_dir: str | os.PathLike | None = None, calibrate: bool = True,
                           progress: bool = True) -> Path:
     """Train a drafter for SmolLM2-135M-Instruct on ShareGPT prompts answered by the target, on the CPU.
@@ -677,6 +688,12 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
 
     The defaults are the committed recipe (``benchmarks/recipes/smollm2_drafter.json``); ``corpus_samples=None``
     answers the whole prompt pool (about 7,700 prompts, two to three hours on 2 cores).
+
+    ``continue_from`` (a drafter this function wrote with the same objective, data and shape) trains that
+    drafter further instead of a new one: its weights are loaded (the optimiser's state starts empty), the
+    learning-rate schedule starts over (warm-up, then cosine over ``steps`` at ``lr``), and the data order and
+    anchors pick up where its training stopped, so no step repeats a block it was trained on
+    (:attr:`TrainConfig.step_offset`). The metadata keeps the earlier run (``run.parent``) and one curve over both.
 
     ``objective="eagle3"`` drafts the full vocabulary (its chain head has no reduced-vocabulary form), so
     ``draft_vocab_size`` does not apply to it. The drafter is written to ``output_dir`` in bf16 without the
@@ -740,6 +757,12 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
                         "held_out_coverage": _coverage([s.token_ids[s.loss_mask] for s in evaluation], mapping,
                                                        target.vocab_size)}
     drafter.load_target_embeddings(target.embed_weight(), target.lm_head_weight())
+    parent = None
+    if continue_from is not None:
+        parent = _load_parent(continue_from, drafter, target, objective=objective, num_prompts=num_prompts,
+                              corpus_samples=corpus_samples, max_new_tokens=max_new_tokens,
+                              draft_vocab_size=draft_vocab_size, held_out=held_out, precision=resolved,
+                              answers=None if answers is None else Path(answers).name)
     clock["vocab"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -747,11 +770,15 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     train_config = TrainConfig(steps=steps, objective=objective, num_anchors=num_anchors, lr=lr,
                                sequences_per_step=sequences_per_step, eval_every=eval_every,
                                checkpoint_every=eval_every, precision=resolved, seed=seed,
-                               ce_weight=ce_weight, l1_weight=l1_weight)
+                               ce_weight=ce_weight, l1_weight=l1_weight,
+                               step_offset=0 if parent is None else parent["steps"])
     trainer = Trainer(drafter, target.lm_head_weight(), source, train, train_config, held_out=evaluation)
     name = f"checkpoint-{objective}-layers{num_draft_layers}-block{block_size}-steps{steps}-" \
            f"vocab{vocab_size or 'full'}-{len(samples)}seq-{resolved}" + (f"-seed{seed}" if seed else "") + \
            loss_weights_suffix(ce_weight, l1_weight)
+    if parent is not None:
+        trainer.answer_tokens_seen = parent["final"].get("answer_tokens_seen", 0)
+        name += f"-after{parent['steps']}-{parent['digest']}"
     checkpoint = work / name
     if (checkpoint / "trainer_state.json").exists():
         trainer.resume(checkpoint, target)
@@ -765,15 +792,22 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
                  "draft_vocab_size": draft_vocab_size, "lr": lr, "precision": precision, "held_out": held_out,
                  "eval_every": eval_every, "seed": seed, "ce_weight": ce_weight, "l1_weight": l1_weight,
                  "calibrate": calibrate,
-                 "answers": None if answers is None else Path(answers).name}
-    metadata = {"objective": objective, "steps": trainer.step, "train_sequences": len(train),
-                "held_out_sequences": len(evaluation),
+                 "answers": None if answers is None else Path(answers).name,
+                 "continue_from": None if parent is None else parent["directory"]}
+    curve = [{k: row[k] for k in ("step", "answer_tokens_seen", "eval_tau_prob", "eval_accuracy")}
+             for row in trainer.history if "eval_tau_prob" in row]
+    if parent is not None:  # its last point and this run's first are the same weights (this one rounded to bf16)
+        curve = parent["curve"] + curve[1:]
+    metadata = {"objective": objective, "steps": train_config.step_offset + trainer.step,
+                "train_sequences": len(train), "held_out_sequences": len(evaluation),
                 "train_answer_tokens": int(sum(int(s.loss_mask.sum()) for s in train)),
                 "final": trainer.history[-1] if trainer.history else {}, "vocab": vocab_report,
-                "curve": [{k: row[k] for k in ("step", "answer_tokens_seen", "eval_tau_prob", "eval_accuracy")}
-                          for row in trainer.history if "eval_tau_prob" in row],
+                "curve": curve,
                 "run": {"arguments": arguments, "train_config": asdict(train_config), "commit": source_commit(),
                         "threads": torch.get_num_threads()}}
+    if parent is not None:
+        metadata["run"]["parent"] = {"directory": parent["directory"], "steps": parent["steps"],
+                                     "final": parent["final"], "run": parent["run"]}
     if is_dspark and calibrate:
         t0 = time.perf_counter()
         metadata["sts"] = calibrate_on_samples(target, trainer.drafter.eval(), trainer.held_out,
@@ -783,6 +817,31 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     # Results measured before this moment used an earlier drafter; a copied or checked-out file's mtime cannot say.
     metadata["trained_at"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     return save_drafter(trainer.drafter, output_dir, dtype=torch.bfloat16, metadata=metadata)
+
+
+def _load_parent(directory: str | os.PathLike, drafter, target, **expected) -> dict:
+    """Load the drafter at ``directory`` into ``drafter`` (a new one of the recipe's shape, its draft vocabulary
+    installed) and return what a continuation records of it, after checking that it was trained on the same
+    data with the same objective. Raises ``ValueError`` otherwise."""
+    directory = Path(directory)
+    meta = read_checkpoint_config(directory).get("metadata", {})
+    arguments = meta.get("run", {}).get("arguments")
+    if not arguments or "steps" not in meta:
+        raise ValueError(f"{directory} holds no training record: only a drafter the recipe trained can be continued")
+    recorded = {**arguments, "precision": meta["run"].get("train_config", {}).get("precision")}
+    differ = {k: (recorded.get(k), v) for k, v in expected.items() if recorded.get(k) != v}
+    if differ:
+        raise ValueError(f"{directory} was trained otherwise (recorded, asked): {differ}")
+    loaded = load_drafter(directory, target)
+    if loaded.config.to_dict() != drafter.config.to_dict():
+        raise ValueError(f"{directory} has another shape than the drafter asked for: continue it with its own "
+                         "layers, block size and Markov rank")
+    if drafter.reduced_vocab and not torch.equal(loaded.draft_to_target, drafter.draft_to_target):
+        raise ValueError(f"{directory} drafts another vocabulary than this data gives")
+    drafter.load_state_dict(loaded.state_dict())
+    digest = hashlib.sha256((directory / "model.safetensors").read_bytes()).hexdigest()[:12]
+    return {"directory": directory.name, "steps": int(meta["steps"]), "final": meta.get("final", {}),
+            "curve": meta.get("curve", []), "run": meta["run"], "digest": digest}
 
 
 def loss_weights_suffix(ce_weight: float | None = None, l1_weight: float | None = None) -> str:
