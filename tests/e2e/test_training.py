@@ -61,6 +61,27 @@ def test_resume_continues_bit_for_bit(tmp_path, objective):
 
 
 @pytest.mark.parametrize("objective", ["dspark", "eagle3"])
+def test_a_continuation_picks_up_the_data_order_and_anchors_where_training_stopped(objective):
+    """A run with ``step_offset=k`` draws at its step j the sequences and anchors a straight run draws at step
+    k + j (never those it was already trained on), reports steps from k, and restarts the LR schedule."""
+    straight, _ = tiny_trainer(steps=5, objective=objective)
+    continued, _ = tiny_trainer(steps=2, objective=objective, step_offset=3)
+    drawn = {}
+    for name, trainer in (("straight", straight), ("continued", continued)):
+        calls = drawn[name] = []
+        original = trainer._generator
+        trainer._generator = lambda step, index, original=original, calls=calls: (
+            calls.append((step, index)) or original(step, index))
+    rows = [straight.train_step() for _ in range(5)]
+    continued_rows = [continued.train_step() for _ in range(2)]
+    assert [r["step"] for r in continued_rows] == [4, 5]
+    assert drawn["continued"] == [call for call in drawn["straight"] if call[0] >= 3]
+    assert continued_rows[0]["lr"] == rows[0]["lr"]  # the warm-up starts over
+    with pytest.raises(ValueError, match="step_offset"):
+        TrainConfig(step_offset=-1)
+
+
+@pytest.mark.parametrize("objective", ["dspark", "eagle3"])
 def test_two_ranks_match_one_rank(tmp_path, objective):
     import safetensors.torch
 
@@ -233,6 +254,32 @@ def test_the_recipe_at_toy_size_writes_a_drafter_that_records_its_run(real_targe
     assert set(meta["run"]["seconds"]) == {"corpus", "vocab", "train"}
     assert datetime.datetime.fromisoformat(meta["trained_at"]).tzinfo is not None
     assert load_drafter(path, real_target).config.draft_vocab_size == 256
+
+
+def test_the_recipe_continues_a_drafter_it_wrote_and_refuses_one_trained_otherwise(real_target, tmp_path):
+    from dspark.checkpoint import load_drafter, save_drafter
+    from dspark.training import train_default_drafter
+
+    answers = Path(__file__).resolve().parents[2] / "benchmarks" / "recipes" / "smollm2_drafter.answers.npz"
+    toy = dict(corpus_samples=6, num_draft_layers=1, draft_vocab_size=256, held_out=2, eval_every=2,
+               sequences_per_step=2, num_anchors=4, answers=answers, work_dir=tmp_path / "work", calibrate=False,
+               progress=False)
+    parent = train_default_drafter(tmp_path / "parent", steps=2, **toy)
+    child = train_default_drafter(tmp_path / "child", steps=2, continue_from=parent, **toy)
+    meta = json.loads((child / "config.json").read_text(encoding="utf-8"))["metadata"]
+    first = json.loads((parent / "config.json").read_text(encoding="utf-8"))["metadata"]
+    assert meta["steps"] == 4 and meta["run"]["parent"]["steps"] == 2
+    assert meta["run"]["arguments"]["continue_from"] == "parent"
+    assert [row["step"] for row in meta["curve"]] == [0, 2, 4]
+    assert meta["curve"][:2] == first["curve"]
+    assert meta["final"]["answer_tokens_seen"] > first["final"]["answer_tokens_seen"]
+    with pytest.raises(ValueError, match="trained otherwise"):
+        train_default_drafter(tmp_path / "other", steps=2, continue_from=parent, **{**toy, "objective": "dflash"})
+    with pytest.raises(ValueError, match="another shape"):
+        train_default_drafter(tmp_path / "other", steps=2, continue_from=parent, **{**toy, "num_draft_layers": 2})
+    bare = save_drafter(load_drafter(parent, real_target), tmp_path / "bare")  # the weights without their record
+    with pytest.raises(ValueError, match="no training record"):
+        train_default_drafter(tmp_path / "other", steps=2, continue_from=bare, **toy)
 
 
 def test_the_recipe_precision_resolves_to_a_dtype_this_machine_runs_fast(tmp_path):
