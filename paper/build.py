@@ -196,6 +196,45 @@ def recipe_difference(arguments: dict, recipe: dict) -> str:
     return f" Trained by an earlier recipe ({listed}), not re-trained since."
 
 
+def training_runs(run: dict | None) -> list[dict]:
+    """A drafter's training runs, first to last: the run that trained it from scratch, then each run that
+    continued it (``continue_from``), as their metadata records them."""
+    runs = []
+    while run:
+        runs.insert(0, run)
+        run = (run.get("parent") or {}).get("run")
+    return runs
+
+
+def train_seconds(run: dict | None) -> float | None:
+    """The seconds of training over all of a drafter's runs (``None`` if a run did not record them)."""
+    seconds = [(r.get("seconds") or {}).get("train") for r in training_runs(run)]
+    return None if not seconds or None in seconds else sum(seconds)
+
+
+def wall_clock(run: dict) -> str:
+    """One training run's timed phases and the threads it ran on, e.g. "train 54.0 min on 2 threads"."""
+    seconds = run.get("seconds", {})
+    # The corpus phase of each run only found a corpus on disk; building one is timed under Data.
+    phases = ", ".join(f"{k} {num(seconds[k] / 60, '.1f')} min" for k in ("train", "calibrate") if k in seconds)
+    # Runs from before the thread count was recorded ran one per core, side by side.
+    threads = run.get("threads", 1)
+    return f"{phases} on " + ("one CPU core" if threads == 1 else f"{num(threads, 'd')} threads")
+
+
+def continuation_sentence(run: dict | None) -> str:
+    """A sentence on the runs that continued a drafter past its first training, or ""."""
+    runs = training_runs(run)
+    if len(runs) < 2:
+        return ""
+    parts = [f"{num(r['arguments']['steps'], 'd')} more steps at a peak learning rate of "
+             f"{num(r['arguments']['lr'], 'g')}" for r in runs[1:]]
+    return (f" Its first {num(runs[0]['arguments']['steps'], 'd')} steps were the recipe's; it was then continued for "
+            + " and ".join(parts) + " over the same sequences (the learning-rate schedule restarted: warm-up, then "
+            "cosine to 0; the data order and anchors picked up where training had stopped; AdamW's moments "
+            "started empty).")
+
+
 def loss_difference(arguments: dict) -> str:
     """A sentence when a DSpark drafter was trained on other loss weights than the recipe's, or ""."""
     weights = {k: arguments.get(k) for k in ("ce_weight", "l1_weight")}
@@ -311,15 +350,16 @@ def section_acceptance(out: list[str], figures: Path) -> None:
     for name in drafters:
         final = meta.get(name, {}).get("final", {})
         if final:
-            arguments = (meta[name].get("run") or {}).get("arguments", {})
-            ran = ((meta[name].get("run") or {}).get("train_config") or {}).get("precision")
+            run = meta[name].get("run") or {}
+            arguments = (training_runs(run) or [{}])[0].get("arguments", {})
+            ran = (run.get("train_config") or {}).get("precision")
             out.append(f"- {LABELS.get(name, name)}: {draft_layers(arguments)}, "
                        f"{num(meta[name].get('steps'), 'd')} steps on "
                        f"{num(meta[name].get('train_sequences'), 'd')} sequences" + (f" in {ran}" if ran else "")
                        + "; held-out τ_prob "
                        f"{num(final.get('eval_tau_prob', float('nan')))} at the last evaluation."
-                       + recipe_difference(arguments, recipe) + loss_difference(arguments)
-                       + _other_run(name, final, recorded))
+                       + recipe_difference(arguments, recipe) + continuation_sentence(run)
+                       + loss_difference(arguments) + _other_run(name, final, recorded))
     out.append("")
     order = _ranking(rows, 1.0)
     if order:
@@ -506,23 +546,18 @@ def section_training(out: list[str], figures: Path) -> None:
                "collected, not beside the regeneration)." + rebuild_sentence())
     for name, arm in arms.items():
         vocab = arm.get("vocab") or {}
-        seconds = (arm.get("run") or {}).get("seconds", {})
+        runs = training_runs(arm.get("run"))
         coverage = (f"draft vocabulary of {num(vocab['draft_vocab_size'], 'd')} tokens covering "
                     f"{num(100 * vocab['train_coverage'], '.2f')}% of the training answers and "
                     f"{num(100 * vocab['held_out_coverage'], '.2f')}% of the held-out ones; ") if vocab else \
             "full vocabulary; "
-        # The corpus phase of each arm only found a corpus on disk; building one is timed under Data.
-        phases = ", ".join(f"{k} {num(seconds[k] / 60, '.1f')} min" for k in ("train", "calibrate") if k in seconds)
-        arguments = (arm.get("run") or {}).get("arguments", {})
-        # Runs from before the thread count was recorded ran one per core, side by side.
-        threads = (arm.get("run") or {}).get("threads", 1)
-        cores = "one CPU core" if threads == 1 else f"{num(threads, 'd')} threads"
+        arguments = (runs or [{}])[0].get("arguments", {})
         out.append(f"- **{LABELS.get(name, name)}.** {draft_layers(arguments)}, "
                    f"{num(arm['steps'], 'd')} steps on {num(arm['train_sequences'], 'd')} sequences "
                    f"({num(arm['train_answer_tokens'], 'd')} answer tokens; {coverage}"
                    f"held-out τ_prob {num(arm['final']['eval_tau_prob'])} on {num(arm['held_out_sequences'], 'd')} "
-                   f"sequences). Wall-clock: {phases} on {cores}, building the corpus not included."
-                   + recipe_difference(arguments, recipe))
+                   f"sequences). Wall-clock: {'; then '.join(wall_clock(r) for r in runs)}, building the corpus "
+                   "not included." + recipe_difference(arguments, recipe) + continuation_sentence(arm.get("run")))
     out.append("")
     ranked = sorted(((arm["final"]["eval_tau_prob"], name) for name, arm in arms.items()
                      if "eval_tau_prob" in arm.get("final", {})), reverse=True)
@@ -535,7 +570,8 @@ def section_training(out: list[str], figures: Path) -> None:
                "against the answer tokens each drafter had trained on, evaluated every "
                f"{num(recipe['eval_every'], 'd')} steps. The first point is the untrained drafter; past "
                f"{num(regen['answer_tokens'] / 1e3, '.0f')}k tokens the sequences repeat (a second pass over the "
-               "corpus). Each arm's data, steps, wall-clock and threads are listed above.*\n")
+               "corpus)." + _restarts_caption(arms) + " Each arm's data, steps, wall-clock and threads are listed "
+               "above.*\n")
     _ablations(out)
     _objectives(out)
 
@@ -632,6 +668,18 @@ def rebuild_sentence() -> str:
             "`benchmarks/bench_corpus.py`); the rebuilt features differ from the captured ones by "
             f"{num(100 * result['feature_error']['mean_abs_over_rms'], '.2f')}% of their RMS on average "
             "(bf16 rounding).")
+
+
+def _restarts_caption(arms: dict) -> str:
+    """The figure caption's sentence on arms whose training was continued with a restarted schedule, or ""."""
+    restarted = {}
+    for name, arm in arms.items():
+        runs = training_runs(arm.get("run"))
+        if len(runs) > 1:
+            restarted.setdefault(runs[0]["arguments"]["steps"], []).append(LABELS.get(name, name))
+    return "".join(f" {' and '.join(names)} {'was' if len(names) == 1 else 'were'} continued past step "
+                   f"{num(steps, 'd')} with the learning-rate schedule restarted."
+                   for steps, names in restarted.items())
 
 
 def _figure_curve(arms: dict, figures: Path) -> None:
@@ -1311,16 +1359,16 @@ def _section_compile_matrix(out: list[str]) -> None:
     out.append("No speed is claimed for Blackwell: no Blackwell GPU ran these kernels.\n")
 
 
-def _doublings_to(last: dict, goal: float, per_doubling: float, train_seconds: float | None) -> str:
+def _doublings_to(last: dict, goal: float, per_doubling: float, seconds: float | None) -> str:
     """How many doublings of the tokens seen take τ_prob from the ``last`` evaluation to ``goal`` at the first
-    pass's rate, and how long training that long would take at the run's pace (``train_seconds`` for the
+    pass's rate, and how long training that long would take at the run's pace (``seconds`` of training for the
     whole curve), as a sentence with its leading space ("" when the goal is already reached)."""
     if last["eval_tau_prob"] >= goal or per_doubling <= 0:
         return ""
     doublings = (goal - last["eval_tau_prob"]) / per_doubling
     tokens = 2 ** doublings * last["answer_tokens_seen"]
-    pace = "" if not train_seconds else (
-        f", about {num(2 ** doublings * train_seconds / 3600, '.0f')} hours of training at this run's pace on "
+    pace = "" if not seconds else (
+        f", about {num(2 ** doublings * seconds / 3600, '.0f')} hours of training at this run's pace on "
         "this CPU")
     return (f" At the first pass's rate a τ_prob of {num(goal, '.1f')} would take about {num(doublings, '.0f')} "
             f"more doublings, some {num(tokens / 1e6, '.0f')} M answer tokens seen{pace}.")
@@ -1333,7 +1381,7 @@ def section_limits(out: list[str]) -> None:
         greedy = {r["domain"]: r["tau"] for r in acceptance["rows"] if r["drafter"] == "dspark"
                   and r["temperature"] == 0}
         curve = recipe["arms"]["dspark"]["curve"]
-        train_seconds = (recipe["arms"]["dspark"].get("run") or {}).get("seconds", {}).get("train")
+        seconds = train_seconds(recipe["arms"]["dspark"].get("run"))
         first_epoch = [c for c in curve if 0 < c["answer_tokens_seen"] <= recipe["regeneration"]["answer_tokens"]]
         lo, hi = first_epoch[0], first_epoch[-1]
         per_doubling = (hi["eval_tau_prob"] - lo["eval_tau_prob"]) / math.log2(hi["answer_tokens_seen"]
@@ -1356,7 +1404,7 @@ def section_limits(out: list[str]) -> None:
                    f"its held-out τ_prob rose from {num(lo['eval_tau_prob'])} at "
                    f"{num(lo['answer_tokens_seen'] / 1e3, '.0f')}k answer tokens to {num(hi['eval_tau_prob'])} at "
                    f"{num(hi['answer_tokens_seen'] / 1e3, '.0f')}k: about {num(per_doubling, '.2f')} per doubling "
-                   "of the data." + second_pass + _doublings_to(curve[-1], 2.5, per_doubling, train_seconds)
+                   "of the data." + second_pass + _doublings_to(curve[-1], 2.5, per_doubling, seconds)
                    + " The paper's "
                    f"drafters have five layers and see {quote(1.3)} M samples {quote(10, 'd')} times. This recipe "
                    "already took the paper's largest step, from one draft layer to two; the levers left are more "
