@@ -485,7 +485,8 @@ def _wilson(successes: int | None, trials: int | None, z: float = 1.96) -> tuple
     p = successes / trials
     centre = (p + z * z / (2 * trials)) / (1 + z * z / trials)
     half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / (1 + z * z / trials)
-    return max(0.0, centre - half), min(1.0, centre + half)
+    # The interval holds p exactly; at p = 0 or 1 rounding can put a bound a hair on the wrong side of it.
+    return max(0.0, min(p, centre - half)), min(1.0, max(p, centre + half))
 
 
 def _figure_acceptance(rows: list[dict], figures: Path) -> None:
