@@ -5,7 +5,8 @@ wrote to the dspark cache wins; otherwise the committed one is used: the DSpark 
 package, the baselines under ``benchmarks/drafters/``, so the comparisons can be re-run on a fresh checkout
 without retraining.
 
-The arms: ``dspark`` (the recipe), ``dflash`` and ``eagle3`` (its ``--objective`` baselines), and ``dspark-ce``,
+The arms: ``dspark`` (the recipe, continued by ``smollm2_drafter_continued.json``), ``dflash`` and ``eagle3`` (its
+``--objective`` baselines; DFlash continued the same way), and ``dspark-ce``,
 the DSpark drafter trained on cross-entropy alone (``--ce-weight 1 --l1-weight 0``): the DSpark architecture
 with DFlash's loss, which separates what the Markov head adds from what the L1 term adds.
 """

@@ -108,7 +108,8 @@ def default_drafter_dir() -> Path:
 
 
 def shipped_drafter_dir() -> Path:
-    """The DSpark drafter for the default target that the package ships (trained by the committed recipe)."""
+    """The DSpark drafter for the default target that the package ships (trained by the committed recipe, then
+    continued by ``benchmarks/recipes/smollm2_drafter_continued.json``)."""
     return Path(__file__).resolve().parent / "assets" / "smollm2-135m-instruct-dspark"
 
 

@@ -528,8 +528,11 @@ def section_training(out: list[str], figures: Path) -> None:
         return
     regen, arms, recipe = result["regeneration"], result["arms"], result["recipe"]
     out.append("**How it was measured.** One command per arm, `python -m dspark train --config "
-               "benchmarks/recipes/smollm2_drafter.json [--objective dflash|eagle3 | --ce-weight 1 --l1-weight 0]`, "
-               "on this CPU; "
+               "benchmarks/recipes/smollm2_drafter.json [--objective dflash|eagle3 | --ce-weight 1 --l1-weight 0]`"
+               + (", then, for the arms continued past it, their continuation configs (`--config "
+                  "benchmarks/recipes/*_continued.json`, each naming the drafter it continues)"
+                  if any(len(training_runs(arm.get("run"))) > 1 for arm in arms.values()) else "")
+               + ", on this CPU; "
                "`benchmarks/bench_recipe.py` collects what the runs recorded. "
                f"Measured on {machine(result)}.\n")
     pool = regen["settings"]["num_prompts"]
