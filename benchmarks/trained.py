@@ -7,8 +7,9 @@ without retraining.
 
 The arms: ``dspark`` (the recipe, continued by ``smollm2_drafter_continued.json``), ``dflash`` and ``eagle3`` (its
 ``--objective`` baselines; DFlash continued the same way), and ``dspark-ce``,
-the DSpark drafter trained on cross-entropy alone (``--ce-weight 1 --l1-weight 0``): the DSpark architecture
-with DFlash's loss, which separates what the Markov head adds from what the L1 term adds.
+the DSpark drafter trained on cross-entropy alone (``--ce-weight 1 --l1-weight 0``, continued by
+``smollm2_drafter_ce_continued.json``): the DSpark architecture with DFlash's loss, which separates what the
+Markov head adds from what the L1 term adds.
 """
 
 from __future__ import annotations

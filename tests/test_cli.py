@@ -51,7 +51,8 @@ def test_a_config_names_the_drafter_it_continues_relative_to_itself(tmp_path, mo
     assert _train_settings(_args(config="recipes/more.json", continue_from="elsewhere"))["continue_from"] == "elsewhere"
 
 
-@pytest.mark.parametrize("name", ["smollm2_drafter_continued.json", "smollm2_dflash_continued.json"])
+@pytest.mark.parametrize("name", ["smollm2_drafter_continued.json", "smollm2_dflash_continued.json",
+                                  "smollm2_drafter_ce_continued.json"])
 def test_the_committed_continuations_name_committed_drafters_of_the_recipe(name):
     recipes = Path(__file__).resolve().parents[1] / "benchmarks" / "recipes"
     config = json.loads((recipes / name).read_text(encoding="utf-8"))
@@ -59,3 +60,5 @@ def test_the_committed_continuations_name_committed_drafters_of_the_recipe(name)
     recipe = json.loads((recipes / "smollm2_drafter.json").read_text(encoding="utf-8"))
     assert parent["objective"] == config["objective"]
     assert parent["run"]["arguments"]["steps"] == recipe["steps"] == parent["steps"]
+    for weight in ("ce_weight", "l1_weight"):  # a continuation keeps its parent's loss
+        assert parent["run"]["arguments"].get(weight) == config.get(weight)
