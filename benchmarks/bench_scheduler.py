@@ -39,7 +39,10 @@ SPS tables (``--tables``; each labelled in the results with where it came from):
   cost is the same model for a one-layer drafter with the target's LM head and a rank-256 Markov head.
 
 **Whole decodes** (``scheduler_measured_cpu.json``, ``--measured``): R = 1, 4, 16 held-out prompts per
-policy with the real target and the trained drafter on this CPU, wall-clock tokens/s including drafting.
+policy with the real target and the trained drafter on this CPU, wall-clock tokens/s including drafting. Target
+and drafter run as the demo and ``bench_e2e.py`` run them (``--precision``, default auto), and the policies that
+read an SPS table plan with one profiled here at start-up for each R, as an engine would
+(``dspark.decoding.choose_few_row_layout``, which also keeps this CPU's fastest layout of few-row products).
 
     python benchmarks/bench_scheduler.py [--steps 60] [--seeds 5] [--measured [--no-replay]] [--out DIR]
 """
@@ -329,23 +332,23 @@ def measured_bandwidth(results: Path) -> float | None:
 # -- whole decodes on this CPU ------------------------------------------------------------------------------
 
 
-def measured_study(results: Path, max_new_tokens: int) -> list[dict]:
-    from dspark.checkpoint import find_default_drafter
+def measured_study(max_new_tokens: int, precision: str) -> tuple[list[dict], str, str]:
+    """Whole decodes at R = 1, 4, 16; returns ``(rows, the target's precision, the drafter)``, the last two as the
+    demo describes them."""
     from dspark.data import DOMAINS, load_prompts
-    from dspark.decoding import SamplingConfig, generate, speculative_generate
-    from dspark.target import load_default_target
+    from dspark.decoding import SamplingConfig, choose_few_row_layout, generate, speculative_generate
+    from dspark.demo import load_demo_drafter, load_demo_target
 
-    target = load_default_target()
-    drafter = find_default_drafter(target)
-    cpu = _measured_table(results / "sps_cpu.json", "SmolLM2-135M-Instruct")
-    sps = cpu[0] if cpu else None
+    target, how = load_demo_target(precision)
+    drafter, description = load_demo_drafter(target)
     pool = [target.encode_chat(p.text) for i in range(6) for d in DOMAINS for p in load_prompts(d)[50 + i: 51 + i]]
     rows = []
     gamma = drafter.config.block_size
-    chosen = [FixedLength(1), FixedLength(3), FixedLength(gamma), Threshold(THRESHOLD)]
-    chosen += [PrefixScheduler(sps), PrefixScheduler(sps, backoff=BACKOFF), ProductionScheduler(sps)] \
-        if sps is not None else []
     for requests in (1, 4, 16):
+        sps = choose_few_row_layout(target, requests * (gamma + 1), requests=requests)
+        # Built per R and run once each: no policy carries history or back-off from one decode to the next.
+        policies = [FixedLength(1), FixedLength(3), FixedLength(gamma), Threshold(THRESHOLD), PrefixScheduler(sps),
+                    PrefixScheduler(sps, backoff=BACKOFF), ProductionScheduler(sps)]
         prompts = pool[:requests]
         config = SamplingConfig(max_new_tokens=max_new_tokens, temperature=1.0, seed=0)
         start = time.perf_counter()
@@ -353,11 +356,7 @@ def measured_study(results: Path, max_new_tokens: int) -> list[dict]:
         seconds = time.perf_counter() - start
         rows.append({"requests": requests, "policy": "no speculation",
                      "tokens_per_s": sum(map(len, plain.tokens)) / seconds})
-        for policy in chosen:
-            if isinstance(policy, ProductionScheduler):
-                policy = ProductionScheduler(sps)  # fresh history per run
-            elif isinstance(policy, PrefixScheduler):
-                policy = PrefixScheduler(sps, backoff=policy.backoff)  # and a fresh back-off
+        for policy in policies:
             result = speculative_generate(target, drafter, prompts, config, scheduler=policy)
             rows.append({"requests": requests, "policy": policy.name, "tokens_per_s": result.tokens_per_second,
                          "tau": result.stats.as_dict()["tau"],
@@ -365,7 +364,7 @@ def measured_study(results: Path, max_new_tokens: int) -> list[dict]:
                          "rounds": result.steps, "rounds_without_drafts": result.rounds_without_drafts})
         print("  ".join(f"{r['policy']}={r['tokens_per_s']:.1f}" for r in rows if r["requests"] == requests),
               flush=True)
-    return rows
+    return rows, how, description
 
 
 def main() -> None:
@@ -377,6 +376,8 @@ def main() -> None:
     parser.add_argument("--no-replay", action="store_true", help="leave out the replay (with --measured: only the "
                         "whole decodes)")
     parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
+                        help="the whole decodes' target and drafter (--measured)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     if args.steps < 1 or args.seeds < 1:
@@ -388,9 +389,10 @@ def main() -> None:
                                          "roofline": {**ROOFLINE, "bandwidth_bytes_per_s": measured_bandwidth(RESULTS)},
                                          "tables": labels, "replay": rows}, args.out))
     if args.measured:
-        print(write_result("scheduler_measured_cpu", {"max_new_tokens": args.max_new_tokens,
-                                                      "rows": measured_study(RESULTS, args.max_new_tokens)},
-                           args.out))
+        rows, precision, drafter = measured_study(args.max_new_tokens, args.precision)
+        print(write_result("scheduler_measured_cpu", {"max_new_tokens": args.max_new_tokens, "precision": precision,
+                                                      "drafter": drafter, "sps": "profiled at start-up per R",
+                                                      "rows": rows}, args.out))
 
 
 if __name__ == "__main__":

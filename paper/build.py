@@ -903,9 +903,12 @@ def section_scheduler(out: list[str], figures: Path) -> None:
                    f"{quote(64, 'd')} and {quote(90, 'd')}% ahead at {quote(256, 'd')}.*\n")
     measured = load("scheduler_measured_cpu")
     if measured is not None:
+        planned = "" if "precision" not in measured else (
+            f"; target and drafter in {measured['precision']}, and the policies that read an SPS table planned "
+            "with one profiled on this machine at start-up for each R")
         out.append(f"Whole decodes on this CPU with the real target and the trained drafter "
-                   f"({num(measured['max_new_tokens'], 'd')} new tokens per request, T = 1, drafting included; "
-                   f"{machine(measured)}), tokens/s:\n")
+                   f"({num(measured['max_new_tokens'], 'd')} new tokens per request, T = 1, drafting included"
+                   f"{planned}; {machine(measured)}), tokens/s:\n")
         out.append(stale_note(measured, "the earlier drafter"))
         rows = measured["rows"]
         policies = list(dict.fromkeys(r["policy"] for r in rows))
