@@ -346,10 +346,13 @@ class SpeculativeDecoder:
             :func:`dspark.verify.verify_greedy`, in PyTorch whatever the backend).
         record_rounds: keep every round's raw confidence logits, verified and accepted counts in
             ``self.rounds`` (the data STS calibration fits, method.md §5.2).
+        record_drafts: keep every drafted block in ``self.drafts`` as ``(requests [n], anchor_positions [n],
+            tokens [n, γ])`` of the n requests drafted for (indices into the prompts), on the CPU: what teacher
+            forcing at the same anchors can be compared with (``dspark.training.teacher_forced_tokens``).
     """
 
     def __init__(self, target, drafter, config: SamplingConfig | None = None, *, scheduler: Scheduler | None = None,
-                 backend: str = "auto", record_rounds: bool = False):
+                 backend: str = "auto", record_rounds: bool = False, record_drafts: bool = False):
         self.config = config or SamplingConfig()
         dcfg = drafter.config
         if list(dcfg.target_layer_ids) != list(target.tap_layers):
@@ -364,6 +367,8 @@ class SpeculativeDecoder:
         self.device = target.device
         self.record_rounds = record_rounds
         self.rounds: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self.record_drafts = record_drafts
+        self.drafts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
 
     @torch.no_grad()
     def start(self, prompts: list[list[int]]) -> SpeculativeDecoder:
@@ -422,6 +427,8 @@ class SpeculativeDecoder:
             draft = self.drafter.draft(self.anchor, self.cache, self._uniforms(num, gamma, dtype=self.dtype),
                                        temperature=config.temperature, top_k=config.top_k, top_p=config.top_p,
                                        backend=self.backend)
+            if self.record_drafts:
+                self.drafts.append((self.active.clone(), self.state.next_pos.to('cpu', copy=True), draft.tokens.cpu()))
         else:
             self.rounds_without_drafts += 1
         t1 = time.perf_counter()

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from dspark._checks import check_tensor
 from dspark.checkpoint import load_drafter, read_checkpoint_config, write_drafter_files
 from dspark.drafter import DSparkDrafter
 from dspark.io import atomic_directory
@@ -153,6 +154,29 @@ def target_features(target, token_ids: torch.Tensor) -> tuple[torch.Tensor, torc
     positions = torch.arange(ids.shape[1], device=target.device)[None]
     step = target.forward(state, ids, positions, torch.ones_like(ids, dtype=torch.bool))
     return step.taps[0].cpu(), step.hidden[0].cpu()
+
+
+@torch.no_grad()
+def teacher_forced_tokens(drafter: DSparkDrafter, token_ids: torch.Tensor, taps: torch.Tensor, anchors: torch.Tensor,
+                          previous: torch.Tensor) -> torch.Tensor:
+    """The block teacher forcing scores highest at each anchor: what training's evaluation counts as correct.
+
+    Args:
+        token_ids: ``[S]`` one sequence; taps: ``[S, taps·H]`` its target features (:func:`target_features`).
+        anchors: ``[N]`` anchor positions; previous: ``[N, γ − 1]`` the tokens fed to slots 2…γ as the ones
+            before them (the ground truth in training; a decoder's own drafts to replay what it drafted).
+
+    Returns:
+        ``[N, γ]`` the argmax of every slot's draft logits, as target ids.
+    """
+    check_tensor("anchors", anchors, ndim=1, integer=True)
+    if anchors.numel() and (int(anchors.min()) < 0 or int(anchors.max()) >= token_ids.shape[0]):
+        raise ValueError(f"anchors must lie in [0, {token_ids.shape[0]}), got range "
+                         f"[{int(anchors.min())}, {int(anchors.max())}]")
+    dtype = next(drafter.parameters()).dtype
+    logits, _ = drafter.training_logits(token_ids[anchors][None], anchors[None], taps[None].to(dtype), previous[None])
+    best = logits[0].argmax(-1)
+    return drafter.draft_to_target[best] if drafter.reduced_vocab else best
 
 
 def write_offline_features(target, samples: list[Sample], directory: str | os.PathLike, *,
