@@ -380,6 +380,7 @@ class SpeculativeDecoder:
                         "bookkeeping": 0.0}
         self.steps = 0
         self.rounds_without_drafts = 0  # rounds the scheduler could not send a draft in, so nothing was drafted
+        self.rounds, self.drafts = [], []  # a new decode's records only
         t0 = time.perf_counter()
         self.state, logits, prompt_step, lengths, ids = prefill(self.target, prompts)
         self.cache = self.drafter.new_cache(len(prompts), capacity=int(lengths.max()) + 16, device=self.device,
@@ -428,7 +429,7 @@ class SpeculativeDecoder:
                                        temperature=config.temperature, top_k=config.top_k, top_p=config.top_p,
                                        backend=self.backend)
             if self.record_drafts:
-                self.drafts.append((self.active.clone(), self.state.next_pos.to('cpu', copy=True), draft.tokens.cpu()))
+                self.drafts.append((self.active.clone(), self.state.next_pos.to("cpu", copy=True), draft.tokens.cpu()))
         else:
             self.rounds_without_drafts += 1
         t1 = time.perf_counter()
