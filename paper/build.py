@@ -720,7 +720,11 @@ def _restarts_caption(arms: dict) -> str:
         runs = training_runs(arm.get("run"))
         if len(runs) > 1:
             restarted.setdefault(runs[0]["arguments"]["steps"], []).append(LABELS.get(name, name))
-    return "".join(f" {' and '.join(names)} {'was' if len(names) == 1 else 'were'} continued past step "
+    def listing(names: list[str]) -> str:  # a label with a comma in it is set apart in italics
+        names = [f"*{n}*" if "," in n else n for n in names]
+        return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+    return "".join(f" {listing(names)} {'was' if len(names) == 1 else 'were'} continued past step "
                    f"{num(steps, 'd')} with the learning-rate schedule restarted."
                    for steps, names in restarted.items())
 
