@@ -718,15 +718,20 @@ def _restarts_caption(arms: dict) -> str:
     restarted = {}
     for name, arm in arms.items():
         runs = training_runs(arm.get("run"))
-        if len(runs) > 1:
-            restarted.setdefault(runs[0]["arguments"]["steps"], []).append(LABELS.get(name, name))
-    def listing(names: list[str]) -> str:  # a label with a comma in it is set apart in italics
-        names = [f"*{n}*" if "," in n else n for n in names]
-        return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+        # Each continuation restarts the schedule at the steps every run before it took.
+        points = tuple(sum(r["arguments"]["steps"] for r in runs[:i]) for i in range(1, len(runs)))
+        if points:
+            restarted.setdefault(points, []).append(LABELS.get(name, name))
 
-    return "".join(f" {listing(names)} {'was' if len(names) == 1 else 'were'} continued past step "
-                   f"{num(steps, 'd')} with the learning-rate schedule restarted."
-                   for steps, names in restarted.items())
+    def listing(items: list[str]) -> str:
+        return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+    def labels(names: list[str]) -> str:  # a label with a comma in it is set apart in italics
+        return listing([f"*{n}*" if "," in n else n for n in names])
+
+    return "".join(f" {labels(names)} {'was' if len(names) == 1 else 'were'} continued past "
+                   f"{'step' if len(points) == 1 else 'steps'} {listing([num(p, 'd') for p in points])} with the "
+                   "learning-rate schedule restarted." for points, names in restarted.items())
 
 
 def _figure_curve(arms: dict, figures: Path) -> None:
