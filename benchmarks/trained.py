@@ -5,11 +5,11 @@ wrote to the dspark cache wins; otherwise the committed one is used: the DSpark 
 package, the baselines under ``benchmarks/drafters/``, so the comparisons can be re-run on a fresh checkout
 without retraining.
 
-The arms: ``dspark`` (the recipe, continued by ``smollm2_drafter_continued.json``), ``dflash`` and ``eagle3`` (its
-``--objective`` baselines; DFlash continued the same way), and ``dspark-ce``,
-the DSpark drafter trained on cross-entropy alone (``--ce-weight 1 --l1-weight 0``, continued by
-``smollm2_drafter_ce_continued.json``): the DSpark architecture with DFlash's loss, which separates what the
-Markov head adds from what the L1 term adds.
+The arms: ``dspark`` (the recipe, then a third and a fourth pass over its data, ``smollm2_drafter_pass3.json``
+and ``smollm2_drafter_pass4.json``), ``dflash`` and ``eagle3`` (its ``--objective`` baselines; DFlash continued
+the same way), and ``dspark-ce``, the DSpark drafter trained on cross-entropy alone (``--ce-weight 1
+--l1-weight 0``, continued by ``smollm2_drafter_ce_pass3.json`` and ``smollm2_drafter_ce_pass4.json``): the
+DSpark architecture with DFlash's loss, which separates what the Markov head adds from what the L1 term adds.
 """
 
 from __future__ import annotations

@@ -569,7 +569,7 @@ def section_training(out: list[str], figures: Path) -> None:
     out.append("**How it was measured.** One command per arm, `python -m dspark train --config "
                "benchmarks/recipes/smollm2_drafter.json [--objective dflash|eagle3 | --ce-weight 1 --l1-weight 0]`"
                + (", then, for the arms continued past it, their continuation configs (`--config "
-                  "benchmarks/recipes/*_continued.json`, each naming the drafter it continues)"
+                  "benchmarks/recipes/*_pass3.json` and `*_pass4.json`, each naming the drafter it continues)"
                   if any(len(training_runs(arm.get("run"))) > 1 for arm in arms.values()) else "")
                + ", on this CPU; "
                "`benchmarks/bench_recipe.py` collects what the runs recorded. "

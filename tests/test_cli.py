@@ -51,14 +51,20 @@ def test_a_config_names_the_drafter_it_continues_relative_to_itself(tmp_path, mo
     assert _train_settings(_args(config="recipes/more.json", continue_from="elsewhere"))["continue_from"] == "elsewhere"
 
 
-@pytest.mark.parametrize("name", ["smollm2_drafter_continued.json", "smollm2_dflash_continued.json",
-                                  "smollm2_drafter_ce_continued.json"])
-def test_the_committed_continuations_name_committed_drafters_of_the_recipe(name):
+@pytest.mark.parametrize(("arm", "data_pass"), [("drafter", 3), ("dflash", 3), ("drafter_ce", 3), ("drafter", 4)])
+def test_the_committed_continuations_name_committed_drafters_of_the_recipe(arm, data_pass):
     recipes = Path(__file__).resolve().parents[1] / "benchmarks" / "recipes"
-    config = json.loads((recipes / name).read_text(encoding="utf-8"))
+    config = json.loads((recipes / f"smollm2_{arm}_pass{data_pass}.json").read_text(encoding="utf-8"))
     parent = json.loads((recipes / config["continue_from"] / "config.json").read_text(encoding="utf-8"))["metadata"]
     recipe = json.loads((recipes / "smollm2_drafter.json").read_text(encoding="utf-8"))
     assert parent["objective"] == config["objective"]
-    assert parent["run"]["arguments"]["steps"] == recipe["steps"] == parent["steps"]
+    runs = []  # the parent's training runs, last first
+    run = parent["run"]
+    while run:
+        runs.append(run)
+        run = (run.get("parent") or {}).get("run")
+    # The recipe's steps are two passes over the data; each continuation before this one added a pass.
+    assert [r["arguments"]["steps"] for r in reversed(runs)] == [recipe["steps"]] + [config["steps"]] * (data_pass - 3)
+    assert parent["steps"] == recipe["steps"] + config["steps"] * (data_pass - 3)
     for weight in ("ce_weight", "l1_weight"):  # a continuation keeps its parent's loss
-        assert parent["run"]["arguments"].get(weight) == config.get(weight)
+        assert all(r["arguments"].get(weight) == config.get(weight) for r in runs)
