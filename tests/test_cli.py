@@ -51,7 +51,8 @@ def test_a_config_names_the_drafter_it_continues_relative_to_itself(tmp_path, mo
     assert _train_settings(_args(config="recipes/more.json", continue_from="elsewhere"))["continue_from"] == "elsewhere"
 
 
-@pytest.mark.parametrize(("arm", "data_pass"), [("drafter", 3), ("dflash", 3), ("drafter_ce", 3), ("drafter", 4)])
+@pytest.mark.parametrize("arm", ["drafter", "dflash", "drafter_ce"])
+@pytest.mark.parametrize("data_pass", [3, 4])
 def test_the_committed_continuations_name_committed_drafters_of_the_recipe(arm, data_pass):
     recipes = Path(__file__).resolve().parents[1] / "benchmarks" / "recipes"
     config = json.loads((recipes / f"smollm2_{arm}_pass{data_pass}.json").read_text(encoding="utf-8"))
