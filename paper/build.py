@@ -296,7 +296,7 @@ def drafter_date() -> str | None:
 def acceptance_steps(result: dict) -> str:
     """The training steps of the DSpark drafter that ``acceptance_cpu`` decoded with, as text."""
     steps = result.get("drafter_metadata", {}).get("dspark", {}).get("steps")
-    return "unrecorded" if steps is None else f"{steps:,}"
+    return "unrecorded" if steps is None else num(steps, "d")
 
 
 def stale_note(result: dict, what: str) -> str:
