@@ -299,10 +299,15 @@ def acceptance_steps(result: dict) -> str:
     return "unrecorded" if steps is None else num(steps, "d")
 
 
-def stale_note(result: dict, what: str) -> str:
-    """A line saying that ``result`` predates the current drafter, when it does (ISO dates compare as text)."""
+def predates_shipped_drafter(result: dict) -> bool:
+    """Whether ``result`` was measured before the shipped DSpark drafter was written (ISO dates compare as text)."""
     shipped = drafter_date()
-    if shipped is None or result["environment"]["date"] >= shipped:
+    return shipped is not None and result["environment"]["date"] < shipped
+
+
+def stale_note(result: dict, what: str) -> str:
+    """A line saying that ``result`` predates the current drafter, when it does."""
+    if not predates_shipped_drafter(result):
         return ""
     return (f"*Stale: these results (commit {result['environment']['commit']}) were measured with {what}, "
             "before the shipped drafter was trained, and were not re-run for it.*\n")
@@ -341,7 +346,7 @@ def section_acceptance(out: list[str], figures: Path) -> None:
                "on target-answered ShareGPT sequences with γ = 7; each one's layers, steps and data are listed "
                f"below the table. {eagle3_budget_sentence(result.get('drafter_metadata', {}))}"
                f"Measured on {machine(result)}.\n")
-    if stale_note(result, ""):
+    if predates_shipped_drafter(result):
         out.append(f"*Stale: these results (commit {result['environment']['commit']}) were measured with the drafters "
                    f"of {acceptance_steps(result)} steps, before their last training run (§2), and were not re-run "
                    "for the drafters shipped now.*\n")
@@ -1470,8 +1475,10 @@ def section_limits(out: list[str]) -> None:
                            f"({num(last['answer_tokens_seen'] / 1e3, '.0f')}k answer tokens seen), took it to "
                            f"{num(last['eval_tau_prob'])}: about {num(again, '.2f')} per doubling of the tokens "
                            f"seen, so at this scale repeated sequences teach {verdict} new ones did.")
-        subject = (f"The DSpark drafter at {acceptance_steps(acceptance)} steps (§1, not re-measured for the "
-                   "shipped one) decoded" if stale_note(acceptance, "") else "The shipped DSpark drafter decodes")
+        subject = "The shipped DSpark drafter decodes"
+        if predates_shipped_drafter(acceptance):
+            subject = (f"The DSpark drafter at {acceptance_steps(acceptance)} steps (§1, not re-measured for the "
+                       "shipped one) decoded")
         out.append(f"- **Acceptance is the limit.** {subject} with τ "
                    f"{num(sum(greedy.values()) / len(greedy))} on average at T = 0 (math {num(greedy['math'])}): far "
                    "from what a speedup on this CPU needs (below). Over its first pass through the data, "
