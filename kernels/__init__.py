@@ -6,6 +6,8 @@ signature of the public op it serves (``backend="triton"``), whose inputs are va
 """
 
 import importlib
+import os
+import sys
 
 _LAUNCHERS = {
     "block_attention": "attention",
@@ -24,3 +26,25 @@ def __getattr__(name):
     if name not in _LAUNCHERS:
         raise AttributeError(f"module 'dspark.kernels' has no attribute {name!r}")
     return getattr(importlib.import_module(f"dspark.kernels.{_LAUNCHERS[name]}"), name)
+
+
+def _hand_over_the_bare_name() -> None:
+    """Make ``import kernels`` give the installed ``kernels`` distribution, as if this folder were absent.
+
+    With the repository root on ``sys.path`` (``python -m`` or a notebook started there, pytest, the
+    benchmark scripts) this folder is found under the bare name ``kernels``, which belongs to the Hugging
+    Face distribution that transformers imports. The import system returns whatever ``sys.modules``
+    holds once this file has run, so putting the real module there hands the name over.
+    """
+    root = os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    saved_path = sys.path[:]
+    del sys.modules["kernels"]
+    sys.path[:] = [p for p in saved_path if os.path.realpath(p or os.getcwd()) != root]
+    try:
+        importlib.import_module("kernels")
+    finally:
+        sys.path[:] = saved_path
+
+
+if __name__ == "kernels":
+    _hand_over_the_bare_name()

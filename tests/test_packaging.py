@@ -1,5 +1,6 @@
 """The install-and-test contract: README's commands, .ci/run, and an import that stays light."""
 
+import importlib.machinery
 import re
 import subprocess
 import sys
@@ -35,3 +36,17 @@ def test_reference_and_kernels_install_under_dspark():
 
     assert Path(dspark.reference.__file__).parent == ROOT / "reference"
     assert Path(dspark.kernels.__file__).parent == ROOT / "kernels"
+
+
+def test_the_bare_name_kernels_stays_with_the_installed_distribution():
+    # transformers imports the Hugging Face ``kernels`` distribution by that name; run from the repository
+    # root, where this repository's kernels/ folder is found first, it must still get that distribution.
+    others = [p for p in sys.path if Path(p or ".").resolve() != ROOT]
+    installed = importlib.machinery.PathFinder.find_spec("kernels", others)
+    run = subprocess.run([sys.executable, "-c", "import kernels; print(kernels.__file__)"],
+                         cwd=ROOT, capture_output=True, text=True)
+    if installed is None:
+        assert "No module named 'kernels'" in run.stderr, run.stderr
+    else:
+        assert run.returncode == 0, run.stderr
+        assert Path(run.stdout.strip()) == Path(installed.origin), f"import kernels gave {run.stdout.strip()}"
