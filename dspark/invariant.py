@@ -14,11 +14,10 @@ rejected slots are cropped; gathered once per request and layer otherwise, holes
 computes that one query over exactly those keys, in fp32, with the same calls a one-token step makes. So a
 query's output depends only on its own values and the keys it sees, not on how many queries share the pass or
 where masked slots lie. The rest of a decoder layer is row by row (norms, rotations, activations) but for the
-products, and for those oneDNN's bf16 kernels give each row what it gives alone in calls of up to
-:data:`dspark.linear.BF16_INVARIANT_ROWS` rows, which :mod:`dspark.linear` never exceeds in few-row products, for
-most weight shapes: all of SmolLM2-135M's, not every odd one (:func:`shapes_not_row_invariant` names them, and
-a target with such a layer warns). Then a whole verify pass gives each token the logits of a one-token step bit
-for bit, and greedy speculative decoding equals greedy decoding of the same batch of requests
+products, and for those :mod:`dspark.linear` hands oneDNN's bf16 kernels calls of as many rows as this CPU keeps
+apart for that weight shape (:func:`dspark.linear.bf16_call_rows`, measured: up to 32 on a Xeon with AMX, a single
+row for SmolLM2-135M's down projection on an AMD EPYC). Then a whole verify pass gives each token the logits of
+a one-token step bit for bit, and greedy speculative decoding equals greedy decoding of the same batch of requests
 (``tests/e2e/test_invariant.py``, and ``tests/e2e/test_real_target.py`` on the default target). Prefills of
 more rows than few-row products take stay as oneDNN computes them, so a request's tokens can still depend on
 which other prompts shared its prefill.
@@ -111,33 +110,6 @@ def invariant_attention(module: torch.nn.Module, query: torch.Tensor, key: torch
             rows.append(torch.bmm(torch.softmax(torch.bmm(scaled[b, :, :, t], k.transpose(1, 2)), -1), v))
     out = torch.stack(rows).to(query.dtype).reshape(batch, queries, heads, dim)
     return out, None
-
-
-def shapes_not_row_invariant(model: torch.nn.Module) -> list[tuple[int, int]]:
-    """The ``(out, in)`` shapes of ``model``'s bf16 linear weights whose products, on this machine, do not give
-    each row what that row gives alone (random inputs, one call of
-    :data:`dspark.linear.BF16_INVARIANT_ROWS` rows, the most a few-row bf16 call takes).
-
-    oneDNN's bf16 kernels keep rows apart for most shapes, every product of SmolLM2-135M among them, but not for
-    all: some inner sizes (8, 12 or 25 at some widths, on a Xeon with AMX) are summed another way once several
-    rows come. A target with such a layer cannot promise bit-for-bit verify passes.
-    """
-    import torch.nn.functional as F
-
-    from dspark.linear import BF16_INVARIANT_ROWS
-
-    shapes = sorted({tuple(m.weight.shape) for m in model.modules()
-                     if isinstance(m, torch.nn.Linear) and m.weight.dtype == torch.bfloat16})
-    gen = torch.Generator().manual_seed(0)
-    failing = []
-    with torch.no_grad():
-        for outputs, features in shapes:
-            weight = torch.randn(outputs, features, generator=gen).bfloat16()
-            x = torch.randn(BF16_INVARIANT_ROWS, features, generator=gen).bfloat16()
-            alone = torch.cat([F.linear(row, weight) for row in x.split(1)])
-            if not torch.equal(F.linear(x, weight), alone):
-                failing.append((outputs, features))
-    return failing
 
 
 def register() -> str:

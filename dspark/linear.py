@@ -23,21 +23,21 @@ or 64: the input is padded with zero rows up to its bucket, the use MKL document
 again per bucket used. Single rows stay matrix-vector products, and on some CPUs MKL multiplies 2 or 3 rows
 without repacking too, so the setting also says from how many rows the layout starts (``min_rows``). For bf16
 weights it is oneDNN's blocked layout, one copy for any number of rows, single rows included: on CPUs with AMX a
-bf16 pass of 1 to 8 tokens then costs little more than one token (``sps_cpu_xeon.json``). oneDNN multiplies the
-packed copy exactly as ``F.linear`` multiplies the weight, so in bf16 this layout changes speed and not one bit
-of the results (``tests/modules/test_linear.py`` checks it). Copies are dropped with the weight or by
-:func:`clear_packed_weights`; an in-place change to the weight (an optimiser step, ``load_state_dict``) makes
-them repack. The layout needs a torch built with MKL for fp32 or with oneDNN for bf16
+bf16 pass of 1 to 8 tokens then costs little more than one token (``sps_cpu_xeon.json``). On such a Xeon oneDNN
+multiplies the packed copy exactly as ``F.linear`` multiplies the weight, so this layout changes speed and not one
+bit of the results; on other CPUs the two kernels may round some shapes' products apart by a last bit. Copies are
+dropped with the weight or by :func:`clear_packed_weights`; an in-place change to the weight (an optimiser step,
+``load_state_dict``) makes them repack. The layout needs a torch built with MKL for fp32 or with oneDNN for bf16
 (:func:`packed_layout_available`: x86 CPU wheels have both) and inputs that need no gradient; others take
 ``F.linear``.
 
 bf16 inputs never take ``(W · xᵀ)ᵀ``: in bf16 the few-row products are ``F.linear`` or the packed copy, in calls
-of at most :data:`BF16_INVARIANT_ROWS` rows, so that each row comes out as it would alone, whatever else shares
-the pass (what :mod:`dspark.invariant` builds on). ``Linear`` is ``nn.Linear`` with these layouts on CPU inputs
+of at most :func:`bf16_call_rows` rows, so that each row comes out as it would alone, whatever else shares the
+pass (what :mod:`dspark.invariant` builds on). ``Linear`` is ``nn.Linear`` with these layouts on CPU inputs
 of at most :func:`skinny_rows` rows; it has the same parameters and state-dict keys, so checkpoints and exports
 do not see it. On GPUs, and for longer inputs (prefill, training batches), it is ``F.linear``. All layouts
 compute the same dot products; results agree to the dtype's rounding, not bitwise, because the products
-accumulate in another order; in bf16 both layouts are oneDNN's, in the same calls, and agree bit for bit.
+accumulate in another order. Within a layout, bf16 rows never depend on their batch-mates.
 """
 
 from __future__ import annotations
@@ -64,12 +64,9 @@ docstring."""
 PACKED_BUCKETS = (4, 8, 16, 32, 64)
 
 BF16_INVARIANT_ROWS = 32
-"""The most rows a few-row bf16 product hands oneDNN in one call. On a Xeon with AMX, up to 32 rows oneDNN gives
-each row what it gives that row alone, for most weight shapes and all of SmolLM2-135M's; from 33 rows (54 for
-576 × 576 weights) it switches kernels and rows change by rounding. So longer few-row bf16 inputs are cut into
-calls of at most this many rows, and a row does not depend on its batch-mates (what :mod:`dspark.invariant`
-builds on; ``tests/modules/test_linear.py`` checks it, :func:`dspark.invariant.shapes_not_row_invariant` finds
-the shapes it does not hold for)."""
+"""The most rows a few-row bf16 product ever hands oneDNN in one call (:func:`bf16_call_rows` may allow fewer). On
+a Xeon with AMX, up to 32 rows oneDNN gives each row what it gives that row alone, for most weight shapes and all
+of SmolLM2-135M's; from 33 rows (54 for 576 × 576 weights) it switches kernels and rows change by rounding."""
 
 _skinny_rows = SKINNY_ROWS
 _layout = "transposed"
@@ -179,15 +176,65 @@ def _packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     return out[:rows].reshape(*x.shape[:-1], weight.shape[0])
 
 
+def bf16_call_rows(out_features: int, in_features: int, packed: bool = False) -> int:
+    """The most rows (at most :data:`BF16_INVARIANT_ROWS`) that one bf16 product with an ``[out_features,
+    in_features]`` weight may take on this CPU with every row coming out bit for bit as it does alone; ``packed``
+    for the oneDNN-packed copy, else ``F.linear``.
+
+    oneDNN picks its kernel, and with it the order of each dot product's sums, by the shape of the whole call, and
+    which calls keep rows apart differs between CPUs: on a Xeon with AMX every SmolLM2-135M weight does up to 32
+    rows, while on an AMD EPYC with AVX-512 BF16 its 576 × 1536 down projection mixes rows from 2 rows on. So it is
+    measured, once per shape, layout and thread count in a process, at first use: 32 rows are multiplied one at a
+    time, then in calls of 2, 3, … rows each, and the answer is the row count before the first that changes a bit.
+
+    Summed in another order, a dot product of random values mostly rounds to the same bf16 output, so random rows
+    alone would miss most kernels that mix rows. The probe's rows make every order leave its mark: the weight's
+    columns come in equal pairs, and each row puts +2¹⁶ and −2¹⁶ on one such pair. The two terms cancel exactly,
+    but the small terms summed while only one of them is in lose low bits of the size of the result, and which
+    terms those are depends on the order. A call of one row is its own reference, so the answer is at least 1 and
+    few-row products always keep rows apart.
+    """
+    return _measured_call_rows(out_features, in_features, packed, torch.get_num_threads())
+
+
+@functools.cache
+def _measured_call_rows(out_features: int, in_features: int, packed: bool, threads: int) -> int:
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(out_features, in_features, generator=gen)
+    x = torch.randn(BF16_INVARIANT_ROWS, in_features, generator=gen)
+    pairs = in_features // 2
+    if pairs:
+        weight[:, 1:2 * pairs:2] = weight[:, 0:2 * pairs:2]
+        pair = 2 * torch.randint(0, pairs, (BF16_INVARIANT_ROWS,), generator=gen)
+        every_row = torch.arange(BF16_INVARIANT_ROWS)
+        x[every_row, pair], x[every_row, pair + 1] = 2.0 ** 16, -(2.0 ** 16)
+    weight, x = weight.bfloat16(), x.bfloat16()
+    if packed:
+        copy = torch.ops.mkldnn._reorder_linear_weight(weight, SKINNY_ROWS)
+
+        def product(part: torch.Tensor) -> torch.Tensor:
+            return torch.ops.mkldnn._linear_pointwise(part, copy, None, "none", [], "")
+    else:
+        def product(part: torch.Tensor) -> torch.Tensor:
+            return F.linear(part, weight)
+    with torch.no_grad():
+        alone = torch.cat([product(row) for row in x.split(1)])
+        for rows in range(2, BF16_INVARIANT_ROWS + 1):
+            if not torch.equal(torch.cat([product(part) for part in x.split(rows)]), alone):
+                return rows - 1
+    return BF16_INVARIANT_ROWS
+
+
 def _bf16_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, rows: int,
                  packed: bool) -> torch.Tensor:
     flat = x.reshape(rows, x.shape[-1])
+    call_rows = 1 if rows == 1 else bf16_call_rows(*weight.shape, packed=packed)
     if packed:
         copy = _packed_weight(weight, _ONEDNN)
         chunks = [torch.ops.mkldnn._linear_pointwise(part, copy, bias, "none", [], "")
-                  for part in flat.split(BF16_INVARIANT_ROWS)]
+                  for part in flat.split(call_rows)]
     else:
-        chunks = [F.linear(part, weight, bias) for part in flat.split(BF16_INVARIANT_ROWS)]
+        chunks = [F.linear(part, weight, bias) for part in flat.split(call_rows)]
     out = chunks[0] if len(chunks) == 1 else torch.cat(chunks)
     return out.reshape(*x.shape[:-1], weight.shape[0])
 

@@ -1197,8 +1197,9 @@ def section_speed(out: list[str], figures: Path) -> None:
                    + ":\n")
         if precision.startswith("bf16"):
             out.append("In bf16 the target computes attention one query at a time over exactly the keys that query "
-                       "sees (`dspark.invariant`), and its few-row products go to oneDNN in calls of at most 32 rows, "
-                       "where oneDNN gives each row of every SmolLM2-135M weight shape what it gives that row alone. A "
+                       "sees (`dspark.invariant`), and its few-row products go to oneDNN in calls of as many rows as "
+                       "oneDNN keeps apart on the CPU at hand, measured per weight shape (on this Xeon, 32 for every "
+                       "SmolLM2-135M shape), so each row gets what it would get alone. A "
                        "verify pass then gives each token the logits a one-token step gives it, bit for bit, so greedy "
                        "speculative decoding equals greedy decoding of the same requests whatever their near-ties. "
                        "With stock attention, bf16's coarse rounding let verify passes summed in another order flip "

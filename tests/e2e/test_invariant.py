@@ -162,21 +162,25 @@ def test_a_bf16_target_chooses_among_row_invariant_layouts():
         assert (skinny_rows(), skinny_layout(), skinny_min_rows()) in BF16_LAYOUTS
 
 
-def test_targets_warn_where_products_do_not_keep_rows_apart(monkeypatch):
-    # oneDNN keeps rows apart for most shapes, not all; a target with such a layer must say so, not fail silently.
+def test_a_product_that_mixes_rows_is_cut_into_calls_that_do_not(monkeypatch):
+    # oneDNN keeps rows apart for most shapes, not all, and which ones depends on the CPU; a kernel that mixes the
+    # rows of one of the target's shapes must still leave verify passes equal to one-token steps.
     import torch.nn.functional as F
 
-    from dspark import invariant
-
-    target = _wide_bf16_target()
-    assert invariant.shapes_not_row_invariant(target.model) == []
     real = F.linear
 
-    def uneven(x, weight, bias=None):  # a kernel that rounds multi-row products of one shape another way
-        out = real(x, weight, bias)
+    def uneven(x, weight, bias=None):  # multiplies rows one by one, but rounds multi-row calls of one shape apart
+        out = torch.cat([real(row, weight, bias) for row in x.split(1)])
         return out * 1.01 if x.shape[0] > 1 and weight.shape == (384, 192) else out
 
+    target = _wide_bf16_target()
     monkeypatch.setattr(F, "linear", uneven)
-    assert invariant.shapes_not_row_invariant(target.model) == [(384, 192)]
-    with pytest.warns(UserWarning, match=r"shaped \[\(384, 192\)\] do not keep rows apart"):
-        _wide_bf16_target()
+    dspark.linear._measured_call_rows.cache_clear()
+    try:
+        with few_row_layout(SKINNY_ROWS, "transposed", 1):
+            assert dspark.linear.bf16_call_rows(384, 192) == 1
+            assert dspark.linear.bf16_call_rows(192, 384) == dspark.linear.BF16_INVARIANT_ROWS
+            one_by_one = _block_logits(target, LONG_PROMPTS[:1], [1] * 6)
+            assert torch.equal(_block_logits(target, LONG_PROMPTS[:1], [6]), one_by_one)
+    finally:
+        dspark.linear._measured_call_rows.cache_clear()
