@@ -223,6 +223,40 @@ def wall_clock(run: dict) -> str:
     return f"{phases} on " + ("one CPU core" if threads == 1 else f"{num(threads, 'd')} threads")
 
 
+DECISIONS = ("rounds", "tau", "mean_verify_length", "rounds_without_drafts")
+
+
+def same_decisions(a: dict, b: dict) -> bool:
+    """Whether two whole decodes of the same requests made the same rounds: then only timing tells them apart."""
+    return a["requests"] == b["requests"] and "tau" in a and all(a.get(k) == b.get(k) for k in DECISIONS)
+
+
+def backoff_effect(rows: list[dict]) -> str:
+    """A sentence on what back-off did to Algorithm 1, counting only the R where it changed a decision."""
+    without = {r["requests"]: r for r in rows if r["policy"] == "algorithm-1"}
+    changed = [(r, without[r["requests"]]) for r in rows if r["policy"].startswith("algorithm-1-backoff")
+               and r["requests"] in without and not same_decisions(r, without[r["requests"]])]
+    if not changed:
+        return " Back-off changed none of Algorithm 1's decisions."
+    return (" Where back-off changed Algorithm 1's decisions, it decoded at "
+            + ", ".join(f"{num(r['tokens_per_s'] / w['tokens_per_s'], '.2f')}× Algorithm 1 without it at "
+                        f"R = {num(r['requests'], 'd')}" for r, w in changed) + ".")
+
+
+def timing_noise(rows: list[dict]) -> str:
+    """A sentence on the spread between decodes that made the same decisions, or "" where none did."""
+    pairs = [(a, b) for i, a in enumerate(rows) for b in rows[i + 1:] if same_decisions(a, b)]
+    if not pairs:
+        return ""
+    a, b = max(pairs, key=lambda p: max(p[0]["tokens_per_s"], p[1]["tokens_per_s"])
+               / min(p[0]["tokens_per_s"], p[1]["tokens_per_s"]))
+    spread = max(a["tokens_per_s"], b["tokens_per_s"]) / min(a["tokens_per_s"], b["tokens_per_s"])
+    return (f" Each cell is one decode: at R = {num(a['requests'], 'd')}, {a['policy']} and {b['policy']} made the "
+            f"same decisions ({num(a['rounds'], 'd')} rounds, τ {num(a['tau'], '.2f')}) and timed "
+            f"{num(a['tokens_per_s'], '.1f')} and {num(b['tokens_per_s'], '.1f')} tokens/s, so differences "
+            f"up to {num(100 * (spread - 1), '.0f')}% in this table can be timing noise alone.")
+
+
 def continuation_sentence(run: dict | None) -> str:
     """A sentence on the runs that continued a drafter past its first training, or ""."""
     runs = training_runs(run)
@@ -230,8 +264,11 @@ def continuation_sentence(run: dict | None) -> str:
         return ""
     parts = [f"{num(r['arguments']['steps'], 'd')} more steps at a peak learning rate of "
              f"{num(r['arguments']['lr'], 'g')}" for r in runs[1:]]
-    return (f" Its first {num(runs[0]['arguments']['steps'], 'd')} steps were the recipe's; it was then continued for "
-            + " and ".join(parts) + " over the same sequences (the learning-rate schedule restarted: warm-up, then "
+    if len(set(parts)) == 1 and len(parts) > 1:
+        parts = [f"{['twice', 'three times', 'four times'][min(len(parts), 4) - 2]}, each time for {parts[0]}"]
+    return (f" Its first {num(runs[0]['arguments']['steps'], 'd')} steps were the recipe's; it was then continued "
+            + ("" if parts[0].startswith(("twice", "three", "four")) else "for ") + " and ".join(parts)
+            + " over the same sequences (the learning-rate schedule restarted: warm-up, then "
             "cosine to 0; the data order and anchors picked up where training had stopped; AdamW's moments "
             "started empty).")
 
@@ -995,21 +1032,13 @@ def section_scheduler(out: list[str], figures: Path) -> None:
             plain = {r["requests"]: r["tokens_per_s"] for r in rows if r["policy"] == "no speculation"}
             backoff = [r for r in rows if r["policy"].startswith("algorithm-1-backoff")]
             if backoff and plain:
-                without = {r["requests"]: r["tokens_per_s"] for r in rows if r["policy"] == "algorithm-1"}
-                gains = [r["tokens_per_s"] / without[r["requests"]] for r in backoff if r["requests"] in without]
-                why = (" Alone, a request stops paying for drafts nobody verifies; in a batch some request sends a "
-                       "draft in almost every round, and the whole batch is drafted for."
-                       if gains and gains[0] > 1.05 else
-                       f" Back-off changes little here (at most {num(100 * max(abs(g - 1) for g in gains), '.0f')}% "
-                       "at any R): Algorithm 1 found a draft worth sending in nearly every round."
-                       if gains else "")
                 out.append("Against no speculation, Algorithm 1 with back-off decodes at "
                            + ", ".join(f"{num(r['tokens_per_s'] / plain[r['requests']], '.2f')}× at "
                                        f"R = {num(r['requests'], 'd')}" for r in backoff)
                            + " (without back-off: "
                            + ", ".join(f"{num(r['tokens_per_s'] / plain[r['requests']], '.2f')}×" for r in rows
                                        if r["policy"] == "algorithm-1")
-                           + ")." + why)
+                           + ")." + backoff_effect(rows) + timing_noise(rows))
             out.append("")
     appendix = load("appendix_a")
     if appendix is not None:
@@ -1197,9 +1226,10 @@ def section_speed(out: list[str], figures: Path) -> None:
                    + ":\n")
         if precision.startswith("bf16"):
             out.append("In bf16 the target computes attention one query at a time over exactly the keys that query "
-                       "sees (`dspark.invariant`), and its few-row products go to oneDNN in calls of as many rows as "
-                       "oneDNN keeps apart on the CPU at hand, measured per weight shape (on this Xeon, 32 for every "
-                       "SmolLM2-135M shape), so each row gets what it would get alone. A "
+                       "sees (`dspark.invariant`), and its few-row products go to oneDNN in calls of no more rows than "
+                       "oneDNN keeps apart (`dspark.linear.bf16_call_rows` measures it per CPU and weight shape; on a "
+                       "Xeon with AMX, calls of 32 rows keep every SmolLM2-135M shape's rows apart, on a 2-core AMD "
+                       "EPYC its down projection needs calls of one row), so each row gets what it would get alone. A "
                        "verify pass then gives each token the logits a one-token step gives it, bit for bit, so greedy "
                        "speculative decoding equals greedy decoding of the same requests whatever their near-ties. "
                        "With stock attention, bf16's coarse rounding let verify passes summed in another order flip "
