@@ -248,13 +248,15 @@ def timing_noise(rows: list[dict]) -> str:
     pairs = [(a, b) for i, a in enumerate(rows) for b in rows[i + 1:] if same_decisions(a, b)]
     if not pairs:
         return ""
-    a, b = max(pairs, key=lambda p: max(p[0]["tokens_per_s"], p[1]["tokens_per_s"])
-               / min(p[0]["tokens_per_s"], p[1]["tokens_per_s"]))
-    spread = max(a["tokens_per_s"], b["tokens_per_s"]) / min(a["tokens_per_s"], b["tokens_per_s"])
+    def spread(pair: tuple[dict, dict]) -> float:
+        speeds = [row["tokens_per_s"] for row in pair]
+        return max(speeds) / min(speeds)
+
+    a, b = max(pairs, key=spread)
     return (f" Each cell is one decode: at R = {num(a['requests'], 'd')}, {a['policy']} and {b['policy']} made the "
             f"same decisions ({num(a['rounds'], 'd')} rounds, τ {num(a['tau'], '.2f')}) and timed "
             f"{num(a['tokens_per_s'], '.1f')} and {num(b['tokens_per_s'], '.1f')} tokens/s, so differences "
-            f"up to {num(100 * (spread - 1), '.0f')}% in this table can be timing noise alone.")
+            f"up to {num(100 * (spread((a, b)) - 1), '.0f')}% in this table can be timing noise alone.")
 
 
 def continuation_sentence(run: dict | None) -> str:
@@ -264,11 +266,12 @@ def continuation_sentence(run: dict | None) -> str:
         return ""
     parts = [f"{num(r['arguments']['steps'], 'd')} more steps at a peak learning rate of "
              f"{num(r['arguments']['lr'], 'g')}" for r in runs[1:]]
-    if len(set(parts)) == 1 and len(parts) > 1:
-        parts = [f"{['twice', 'three times', 'four times'][min(len(parts), 4) - 2]}, each time for {parts[0]}"]
+    if len(parts) > 1 and len(set(parts)) == 1:
+        how = f"{ {2: 'twice', 3: 'three times'}.get(len(parts), f'{len(parts)} times')}, each time for {parts[0]}"
+    else:
+        how = "for " + " and ".join(parts)
     return (f" Its first {num(runs[0]['arguments']['steps'], 'd')} steps were the recipe's; it was then continued "
-            + ("" if parts[0].startswith(("twice", "three", "four")) else "for ") + " and ".join(parts)
-            + " over the same sequences (the learning-rate schedule restarted: warm-up, then "
+            + how + " over the same sequences (the learning-rate schedule restarted: warm-up, then "
             "cosine to 0; the data order and anchors picked up where training had stopped; AdamW's moments "
             "started empty).")
 
@@ -383,10 +386,7 @@ def section_acceptance(out: list[str], figures: Path) -> None:
                "on target-answered ShareGPT sequences with γ = 7; each one's layers, steps and data are listed "
                f"below the table. {eagle3_budget_sentence(result.get('drafter_metadata', {}))}"
                f"Measured on {machine(result)}.\n")
-    if predates_shipped_drafter(result):
-        out.append(f"*Stale: these results (commit {result['environment']['commit']}) were measured with the drafters "
-                   f"of {acceptance_steps(result)} steps, before their last training run (§2), and were not re-run "
-                   "for the drafters shipped now.*\n")
+    out.append(stale_note(result, f"the drafters of {acceptance_steps(result)} steps"))
     out.append("| drafter | T | math τ | code τ | chat τ | paper (Qwen3-4B, T = 1): GSM8K / HumanEval / MT-Bench |")
     out.append("|---|---|---|---|---|---|")
     for name in drafters:
