@@ -215,7 +215,7 @@ def choose_few_row_layout(target, max_tokens: int, *, requests: int = 1, context
     and, where torch has MKL, MKL-packed weights from 2 rows and from 4 rows (``F.linear`` below: on some CPUs MKL
     multiplies 2 or 3 rows without repacking anyway, faster than padded packed products; the second is left out
     when every request feeds at least 4 rows). For bf16 targets they are ``F.linear`` and, where oneDNN runs bf16,
-    oneDNN-packed weights from one row, both in calls of as many rows as this CPU keeps apart
+    oneDNN-packed weights from one row, both in calls that this CPU keeps apart
     (:func:`dspark.linear.bf16_call_rows`), so that each row comes out as it would alone (what
     :mod:`dspark.invariant` relies on). It keeps the one whose latencies summed over ``requests`` … ``max_tokens``
     tokens are lowest (:func:`dspark.linear.describe_layout` then says which) and returns the mean of its two

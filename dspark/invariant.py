@@ -14,11 +14,11 @@ rejected slots are cropped; gathered once per request and layer otherwise, holes
 computes that one query over exactly those keys, in fp32, with the same calls a one-token step makes. So a
 query's output depends only on its own values and the keys it sees, not on how many queries share the pass or
 where masked slots lie. The rest of a decoder layer is row by row (norms, rotations, activations) but for the
-products, and for those :mod:`dspark.linear` hands oneDNN's bf16 kernels calls of as many rows as this CPU keeps
-apart for that weight shape (:func:`dspark.linear.bf16_call_rows`, measured: up to 32 on a Xeon with AMX, a single
-row for SmolLM2-135M's down projection on an AMD EPYC). Then a whole verify pass gives each token the logits of
-a one-token step bit for bit, and greedy speculative decoding equals greedy decoding of the same batch of requests
-(``tests/e2e/test_invariant.py``, and ``tests/e2e/test_real_target.py`` on the default target). Prefills of
+products, and for those :mod:`dspark.linear` hands oneDNN's bf16 kernels calls that this CPU keeps apart for that
+weight shape (:func:`dspark.linear.bf16_call_rows`, measured: up to 32 rows on a Xeon with AMX; on an AMD EPYC, 2
+to 32 for SmolLM2-135M's down projection, single rows padded to two). Then a whole verify pass gives each token
+the logits of a one-token step bit for bit, and greedy speculative decoding equals greedy decoding of the same batch
+of requests (``tests/e2e/test_invariant.py``, and ``tests/e2e/test_real_target.py`` on the default target). Prefills of
 more rows than few-row products take stay as oneDNN computes them, so a request's tokens can still depend on
 which other prompts shared its prefill.
 

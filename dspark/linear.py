@@ -31,13 +31,13 @@ dropped with the weight or by :func:`clear_packed_weights`; an in-place change t
 (:func:`packed_layout_available`: x86 CPU wheels have both) and inputs that need no gradient; others take
 ``F.linear``.
 
-bf16 inputs never take ``(W · xᵀ)ᵀ``: in bf16 the few-row products are ``F.linear`` or the packed copy, in calls
-of at most :func:`bf16_call_rows` rows, so that each row comes out as it would alone, whatever else shares the
-pass (what :mod:`dspark.invariant` builds on). ``Linear`` is ``nn.Linear`` with these layouts on CPU inputs
-of at most :func:`skinny_rows` rows; it has the same parameters and state-dict keys, so checkpoints and exports
-do not see it. On GPUs, and for longer inputs (prefill, training batches), it is ``F.linear``. All layouts
-compute the same dot products; results agree to the dtype's rounding, not bitwise, because the products
-accumulate in another order. Within a layout, bf16 rows never depend on their batch-mates.
+bf16 inputs never take ``(W · xᵀ)ᵀ``: in bf16 the few-row products are ``F.linear`` or the packed copy, cut into
+calls that :func:`bf16_call_rows` measured to keep rows apart, so that each row comes out as it would alone,
+whatever else shares the pass (what :mod:`dspark.invariant` builds on). ``Linear`` is ``nn.Linear`` with these
+layouts on CPU inputs of at most :func:`skinny_rows` rows; it has the same parameters and state-dict keys, so
+checkpoints and exports do not see it. On GPUs, and for longer inputs (prefill, training batches), it is
+``F.linear``. All layouts compute the same dot products; results agree to the dtype's rounding, not bitwise,
+because the products accumulate in another order. Within a layout, bf16 rows never depend on their batch-mates.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -176,29 +177,44 @@ def _packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     return out[:rows].reshape(*x.shape[:-1], weight.shape[0])
 
 
-def bf16_call_rows(out_features: int, in_features: int, packed: bool = False) -> int:
-    """The most rows (at most :data:`BF16_INVARIANT_ROWS`) that one bf16 product with an ``[out_features,
-    in_features]`` weight may take on this CPU with every row coming out bit for bit as it does alone; ``packed``
-    for the oneDNN-packed copy, else ``F.linear``.
+class CallRows(NamedTuple):
+    """How a bf16 product of one weight shape is cut into oneDNN calls (:func:`bf16_call_rows`)."""
+
+    fewest: int
+    """1, or 2 where oneDNN rounds a call of one row apart from calls of more: single rows then go in padded
+    with a zero row."""
+    most: int
+    """The most rows one call takes."""
+
+
+def bf16_call_rows(out_features: int, in_features: int, packed: bool = False) -> CallRows:
+    """How few-row bf16 products with an ``[out_features, in_features]`` weight are cut into calls on this CPU so
+    that every row comes out bit for bit as it does alone; ``packed`` for the oneDNN-packed copy, else
+    ``F.linear``.
 
     oneDNN picks its kernel, and with it the order of each dot product's sums, by the shape of the whole call, and
-    which calls keep rows apart differs between CPUs: on a Xeon with AMX every SmolLM2-135M weight does up to 32
-    rows, while on an AMD EPYC with AVX-512 BF16 its 576 × 1536 down projection mixes rows from 2 rows on. So it is
-    measured, once per shape, layout and thread count in a process, at first use: 32 rows are multiplied one at a
-    time, then in calls of 2, 3, … rows each, and the answer is the row count before the first that changes a bit.
+    which calls keep rows apart differs between CPUs. On a Xeon with AMX every SmolLM2-135M weight keeps up to 32
+    rows apart (``CallRows(1, 32)``). On an AMD EPYC with AVX-512 BF16 its 576 × 1536 down projection multiplies a
+    single row in one order and 2 to 32 rows in another, the same for every row: padding single rows with a zero
+    row puts them in the multi-row order, and calls of 2 to 32 rows then give every row what a padded single row
+    gets (``CallRows(2, 32)``), at no cost, since a call of 2 rows is as fast as one of 1 there. So it is
+    measured, once per shape, layout and thread count in a process, at first use: :data:`BF16_INVARIANT_ROWS`
+    rows are multiplied one call each, then in calls of 2, 3, … rows each, and ``most`` is the row count before
+    the first that changes a bit. Where that is below :data:`BF16_INVARIANT_ROWS`, the same is measured against
+    single rows padded to two, and the plan that takes more rows per call is kept. A call of one row is its own
+    reference, so the answer is at least ``CallRows(1, 1)`` and few-row products always keep rows apart.
 
     Summed in another order, a dot product of random values mostly rounds to the same bf16 output, so random rows
     alone would miss most kernels that mix rows. The probe's rows make every order leave its mark: the weight's
     columns come in equal pairs, and each row puts +2¹⁶ and −2¹⁶ on one such pair. The two terms cancel exactly,
     but the small terms summed while only one of them is in lose low bits of the size of the result, and which
-    terms those are depends on the order. A call of one row is its own reference, so the answer is at least 1 and
-    few-row products always keep rows apart.
+    terms those are depends on the order.
     """
     return _measured_call_rows(out_features, in_features, packed, torch.get_num_threads())
 
 
 @functools.cache
-def _measured_call_rows(out_features: int, in_features: int, packed: bool, threads: int) -> int:
+def _measured_call_rows(out_features: int, in_features: int, packed: bool, threads: int) -> CallRows:
     gen = torch.Generator().manual_seed(0)
     weight = torch.randn(out_features, in_features, generator=gen)
     x = torch.randn(BF16_INVARIANT_ROWS, in_features, generator=gen)
@@ -217,25 +233,47 @@ def _measured_call_rows(out_features: int, in_features: int, packed: bool, threa
     else:
         def product(part: torch.Tensor) -> torch.Tensor:
             return F.linear(part, weight)
-    with torch.no_grad():
-        alone = torch.cat([product(row) for row in x.split(1)])
+
+    def most_rows(fewest: int) -> int:
+        alone = _in_calls(x, 1, fewest, product)
         for rows in range(2, BF16_INVARIANT_ROWS + 1):
-            if not torch.equal(torch.cat([product(part) for part in x.split(rows)]), alone):
+            if not torch.equal(_in_calls(x, rows, fewest, product), alone):
                 return rows - 1
-    return BF16_INVARIANT_ROWS
+        return BF16_INVARIANT_ROWS
+
+    with torch.no_grad():
+        plain = CallRows(1, most_rows(1))
+        if plain.most == BF16_INVARIANT_ROWS:
+            return plain
+        padded = CallRows(2, most_rows(2))
+    return padded if padded.most > plain.most else plain
+
+
+def _in_calls(flat: torch.Tensor, most: int, fewest: int, product) -> torch.Tensor:
+    """``product`` of the rows of ``flat [rows, in]`` in calls of at most ``most`` rows, a call of fewer than
+    ``fewest`` rows padded with zero rows → ``[rows, out]``."""
+    chunks = []
+    for part in flat.split(most):
+        if part.shape[0] < fewest:
+            padding = part.new_zeros(fewest - part.shape[0], part.shape[1])
+            chunks.append(product(torch.cat([part, padding]))[:part.shape[0]])
+        else:
+            chunks.append(product(part))
+    return chunks[0] if len(chunks) == 1 else torch.cat(chunks)
 
 
 def _bf16_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, rows: int,
                  packed: bool) -> torch.Tensor:
-    flat = x.reshape(rows, x.shape[-1])
-    call_rows = 1 if rows == 1 else bf16_call_rows(*weight.shape, packed=packed)
+    plan = bf16_call_rows(*weight.shape, packed=packed)
     if packed:
         copy = _packed_weight(weight, _ONEDNN)
-        chunks = [torch.ops.mkldnn._linear_pointwise(part, copy, bias, "none", [], "")
-                  for part in flat.split(call_rows)]
+
+        def product(part: torch.Tensor) -> torch.Tensor:
+            return torch.ops.mkldnn._linear_pointwise(part, copy, bias, "none", [], "")
     else:
-        chunks = [F.linear(part, weight, bias) for part in flat.split(call_rows)]
-    out = chunks[0] if len(chunks) == 1 else torch.cat(chunks)
+        def product(part: torch.Tensor) -> torch.Tensor:
+            return F.linear(part, weight, bias)
+    out = _in_calls(x.reshape(rows, x.shape[-1]), plan.most, plan.fewest, product)
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
 

@@ -1226,10 +1226,11 @@ def section_speed(out: list[str], figures: Path) -> None:
                    + ":\n")
         if precision.startswith("bf16"):
             out.append("In bf16 the target computes attention one query at a time over exactly the keys that query "
-                       "sees (`dspark.invariant`), and its few-row products go to oneDNN in calls of no more rows than "
-                       "oneDNN keeps apart (`dspark.linear.bf16_call_rows` measures it per CPU and weight shape; on a "
-                       "Xeon with AMX, calls of 32 rows keep every SmolLM2-135M shape's rows apart, on a 2-core AMD "
-                       "EPYC its down projection needs calls of one row), so each row gets what it would get alone. A "
+                       "sees (`dspark.invariant`), and its few-row products go to oneDNN in calls that oneDNN keeps "
+                       "apart (`dspark.linear.bf16_call_rows` measures them per CPU and weight shape: on a Xeon with "
+                       "AMX, calls of up to 32 rows keep every SmolLM2-135M shape's rows apart; on a 2-core AMD EPYC, "
+                       "oneDNN sums a single row of the down projection in another order than 2 to 32 rows, so single "
+                       "rows go in padded with a zero row), so each row gets what it would get alone. A "
                        "verify pass then gives each token the logits a one-token step gives it, bit for bit, so greedy "
                        "speculative decoding equals greedy decoding of the same requests whatever their near-ties. "
                        "With stock attention, bf16's coarse rounding let verify passes summed in another order flip "

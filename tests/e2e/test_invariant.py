@@ -8,7 +8,16 @@ from hypothesis import strategies as st
 import dspark.linear
 from dspark.decoding import SamplingConfig, choose_few_row_layout, generate, prefill, speculative_generate
 from dspark.invariant import invariant_attention
-from dspark.linear import SKINNY_ROWS, few_row_layout, skinny_layout, skinny_min_rows, skinny_rows
+from dspark.linear import (
+    BF16_INVARIANT_ROWS,
+    SKINNY_ROWS,
+    CallRows,
+    bf16_call_rows,
+    few_row_layout,
+    skinny_layout,
+    skinny_min_rows,
+    skinny_rows,
+)
 from dspark.scheduler import FixedLength, PrefixScheduler, SPSTable
 from dspark.testing import assert_within_reference_error
 from tests.e2e.conftest import drafter_for, tiny_target
@@ -162,24 +171,32 @@ def test_a_bf16_target_chooses_among_row_invariant_layouts():
         assert (skinny_rows(), skinny_layout(), skinny_min_rows()) in BF16_LAYOUTS
 
 
-def test_a_product_that_mixes_rows_is_cut_into_calls_that_do_not(monkeypatch):
-    # oneDNN keeps rows apart for most shapes, not all, and which ones depends on the CPU; a kernel that mixes the
-    # rows of one of the target's shapes must still leave verify passes equal to one-token steps.
+@pytest.mark.parametrize("single_rows_apart", [False, True], ids=["mixing from 2 rows", "single rows apart"])
+def test_a_product_that_rounds_rows_apart_is_cut_into_calls_that_do_not(single_rows_apart, monkeypatch):
+    # oneDNN keeps rows apart for most shapes, not all, and which ones depends on the CPU; a kernel that rounds the
+    # rows of one of the target's shapes by the call's row count must still leave verify passes equal to one-token
+    # steps. Either every call of more than one row rounds apart (calls of one row are left), or single rows round
+    # apart from calls of more, as oneDNN's (576, 1536) product does on an AMD EPYC (single rows are padded to two).
     import torch.nn.functional as F
 
     real = F.linear
 
-    def uneven(x, weight, bias=None):  # multiplies rows one by one, but rounds multi-row calls of one shape apart
+    def uneven(x, weight, bias=None):  # multiplies rows one by one, then rounds some calls of one shape apart
         out = torch.cat([real(row, weight, bias) for row in x.split(1)])
-        return out * 1.01 if x.shape[0] > 1 and weight.shape == (384, 192) else out
+        if weight.shape != (384, 192):
+            return out
+        if single_rows_apart:
+            return out * 1.01 if x.shape[0] == 1 else out
+        return out + 0.01 * (out.sum(0) - out)
 
     target = _wide_bf16_target()
     monkeypatch.setattr(F, "linear", uneven)
     dspark.linear._measured_call_rows.cache_clear()
     try:
         with few_row_layout(SKINNY_ROWS, "transposed", 1):
-            assert dspark.linear.bf16_call_rows(384, 192) == 1
-            assert dspark.linear.bf16_call_rows(192, 384) == dspark.linear.BF16_INVARIANT_ROWS
+            plan = CallRows(2, BF16_INVARIANT_ROWS) if single_rows_apart else CallRows(1, 1)
+            assert bf16_call_rows(384, 192) == plan
+            assert bf16_call_rows(192, 384) == CallRows(1, BF16_INVARIANT_ROWS)
             one_by_one = _block_logits(target, LONG_PROMPTS[:1], [1] * 6)
             assert torch.equal(_block_logits(target, LONG_PROMPTS[:1], [6]), one_by_one)
     finally:

@@ -9,6 +9,7 @@ from dspark.linear import (
     BF16_INVARIANT_ROWS,
     PACKED_BUCKETS,
     SKINNY_ROWS,
+    CallRows,
     Linear,
     bf16_call_rows,
     clear_packed_weights,
@@ -260,9 +261,10 @@ def test_packed_bf16_linear_is_the_product_rounded_once(lead, features, outputs,
 def test_bf16_rows_do_not_depend_on_the_other_rows(setting):
     # What makes a bf16 verify pass reproduce one-token steps (dspark.invariant): each row of a product of up to
     # SKINNY_ROWS rows equals that row alone, for the default target's shapes and awkward ones, on any CPU. oneDNN
-    # keeps this within calls of up to bf16_call_rows rows, which differ by CPU and shape ((576, 1536) mixes rows
-    # from 2 rows on an AMD EPYC, not up to 32 on a Xeon; so may odd ones such as (100, 33)); the few-row layouts
-    # cut inputs into such calls. Rows of a wide range of magnitudes let a changed summation order show in bf16.
+    # keeps this within the calls bf16_call_rows measures, which differ by CPU and shape ((576, 1536) rounds single
+    # rows apart from calls of 2 or more on an AMD EPYC, not on a Xeon; so may odd ones such as (100, 33)); the
+    # few-row layouts cut inputs into such calls. Rows of a wide range of magnitudes let a changed summation order
+    # show in bf16.
     gen = torch.Generator().manual_seed(3)
     for outputs, features in ((1536, 576), (576, 1536), (49152, 576), (576, 576), (192, 576), (100, 33), (7, 5),
                               (64, 32)):
@@ -275,32 +277,56 @@ def test_bf16_rows_do_not_depend_on_the_other_rows(setting):
                 assert torch.equal(linear(x[:rows], weight), alone[:rows]), (outputs, features, rows)
 
 
-@needs_onednn_bf16
-@pytest.mark.parametrize("setting", BF16_SETTINGS, ids=["F.linear", "packed"])
-def test_bf16_products_that_mix_rows_are_cut_into_calls_that_do_not(setting, monkeypatch):
-    # A kernel that keeps rows apart (it multiplies them one by one) but rounds products of 3 rows or more of one
-    # shape another way: 2 rows must be measured as the most that shape takes, every longer input cut into such
-    # calls, and other shapes keep 32.
+def _patch_bf16_products(monkeypatch, rounding):
+    """Make ``F.linear`` and oneDNN's packed bf16 product multiply rows one by one and then pass the whole call's
+    output through ``rounding(out, rows)`` for weights of 33 input features (the other shapes stay as they are)."""
     real_f, real_packed = F.linear, torch.ops.mkldnn._linear_pointwise
+    calls = []
 
-    def uneven(product):
+    def patched(product):
         def call(x, weight, *args):
             out = torch.cat([product(row, weight, *args) for row in x.split(1)])
-            return out * 1.01 if x.shape[0] > 2 and x.shape[-1] == 33 else out
+            if x.shape[-1] != 33:
+                return out
+            calls.append(x.shape[0])
+            return rounding(out, x.shape[0])
         return call
 
-    monkeypatch.setattr(F, "linear", uneven(real_f))
-    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", uneven(real_packed))
+    monkeypatch.setattr(F, "linear", patched(real_f))
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", patched(real_packed))
+    return calls
+
+
+# Kernels that round some calls of one shape apart, each with the plan bf16_call_rows must measure for it: one that
+# rounds calls of 3 rows or more another way (2 rows per call, no padding); one that rounds single rows apart from
+# calls of more, as oneDNN does for (576, 1536) on an AMD EPYC (single rows padded to two, 32 rows per call); one
+# whose rows take a share of their batch-mates, so nothing but single rows keeps them apart.
+UNEVEN_KERNELS = {
+    "from 3 rows": (lambda out, rows: out * 1.01 if rows > 2 else out, CallRows(1, 2)),
+    "single rows": (lambda out, rows: out * 1.01 if rows == 1 else out, CallRows(2, BF16_INVARIANT_ROWS)),
+    "mixing": (lambda out, rows: out + 0.01 * (out.sum(0) - out), CallRows(1, 1)),
+}
+
+
+@needs_onednn_bf16
+@pytest.mark.parametrize("kernel", UNEVEN_KERNELS)
+@pytest.mark.parametrize("setting", BF16_SETTINGS, ids=["F.linear", "packed"])
+def test_bf16_products_are_cut_into_calls_that_keep_rows_apart(setting, kernel, monkeypatch):
+    rounding, plan = UNEVEN_KERNELS[kernel]
+    calls = _patch_bf16_products(monkeypatch, rounding)
     dspark.linear._measured_call_rows.cache_clear()
     try:
         packed = setting[1] == "packed"
-        assert bf16_call_rows(100, 33, packed=packed) == 2
-        assert bf16_call_rows(100, 34, packed=packed) == BF16_INVARIANT_ROWS
+        assert bf16_call_rows(100, 33, packed=packed) == plan
+        assert bf16_call_rows(100, 34, packed=packed) == CallRows(1, BF16_INVARIANT_ROWS)
         gen = torch.Generator().manual_seed(5)
         weight = torch.randn(100, 33, generator=gen).bfloat16()
         x = torch.randn(9, 33, generator=gen).bfloat16()
+        calls.clear()
         with torch.no_grad(), few_row_layout(*setting):
-            assert torch.equal(linear(x, weight), torch.cat([linear(row, weight) for row in x.split(1)]))
+            alone = torch.cat([linear(row, weight) for row in x.split(1)])
+            assert torch.equal(linear(x, weight), alone)
+        assert calls and plan.fewest <= min(calls) and max(calls) <= plan.most, calls
     finally:
         dspark.linear._measured_call_rows.cache_clear()
 
