@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 import torch
@@ -249,7 +249,8 @@ def _measured_call_rows(out_features: int, in_features: int, packed: bool, threa
     return padded if padded.most > plain.most else plain
 
 
-def _in_calls(flat: torch.Tensor, most: int, fewest: int, product) -> torch.Tensor:
+def _in_calls(flat: torch.Tensor, most: int, fewest: int,
+              product: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
     """``product`` of the rows of ``flat [rows, in]`` in calls of at most ``most`` rows, a call of fewer than
     ``fewest`` rows padded with zero rows → ``[rows, out]``."""
     chunks = []
