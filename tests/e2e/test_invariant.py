@@ -182,12 +182,14 @@ def test_a_product_that_rounds_rows_apart_is_cut_into_calls_that_do_not(single_r
     real = F.linear
 
     def uneven(x, weight, bias=None):  # multiplies rows one by one, then rounds some calls of one shape apart
-        out = torch.cat([real(row, weight, bias) for row in x.split(1)])
-        if weight.shape != (384, 192):
-            return out
-        if single_rows_apart:
-            return out * 1.01 if x.shape[0] == 1 else out
-        return out + 0.01 * (out.sum(0) - out)
+        flat = x.reshape(-1, x.shape[-1])  # leading dims are rows, as for F.linear
+        out = torch.cat([real(row, weight, bias) for row in flat.split(1)])
+        if weight.shape == (384, 192):
+            if single_rows_apart:
+                out = out * 1.01 if len(flat) == 1 else out
+            else:
+                out = out + 0.01 * (out.sum(0) - out)
+        return out.reshape(*x.shape[:-1], -1)
 
     target = _wide_bf16_target()
     monkeypatch.setattr(F, "linear", uneven)

@@ -285,11 +285,12 @@ def _patch_bf16_products(monkeypatch, rounding):
 
     def patched(product):
         def call(x, weight, *args):
-            out = torch.cat([product(row, weight, *args) for row in x.split(1)])
-            if x.shape[-1] != 33:
-                return out
-            calls.append(x.shape[0])
-            return rounding(out, x.shape[0])
+            flat = x.reshape(-1, x.shape[-1])  # leading dims are rows, as for both real products
+            out = torch.cat([product(row, weight, *args) for row in flat.split(1)])
+            if x.shape[-1] == 33:
+                calls.append(len(flat))
+                out = rounding(out, len(flat))
+            return out.reshape(*x.shape[:-1], -1)
         return call
 
     monkeypatch.setattr(F, "linear", patched(real_f))
@@ -326,6 +327,7 @@ def test_bf16_products_are_cut_into_calls_that_keep_rows_apart(setting, kernel, 
         with torch.no_grad(), few_row_layout(*setting):
             alone = torch.cat([linear(row, weight) for row in x.split(1)])
             assert torch.equal(linear(x, weight), alone)
+            assert torch.equal(linear(x.reshape(3, 3, 33), weight), alone.reshape(3, 3, -1))
         assert calls and plan.fewest <= min(calls) and max(calls) <= plan.most, calls
     finally:
         dspark.linear._measured_call_rows.cache_clear()
