@@ -306,8 +306,8 @@ def load_target(path: str | os.PathLike, gguf_file: str | None = None, *, dtype=
     """Load any HF model directory, or a GGUF file inside one, as a :class:`TargetModel`, offline.
 
     ``dtype`` and ``invariant_attention`` are as in :class:`TargetModel`: on CPUs with oneDNN, a bf16 target with
-    invariant attention decodes a batch greedily to exactly the same tokens speculatively and alone, for weight
-    shapes whose rows oneDNN keeps apart (all of SmolLM2-135M's; the target warns about any other).
+    invariant attention decodes a batch greedily to exactly the same tokens speculatively and alone (its few-row
+    products go to oneDNN in calls that keep rows apart, :func:`dspark.linear.bf16_call_rows`).
 
     A GGUF file is dequantised once and cached as safetensors (in ``cache_dir``, by default under
     ``$DSPARK_CACHE/gguf`` in a folder named after the file's name, size and modification time); later
