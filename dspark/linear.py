@@ -225,14 +225,8 @@ def _measured_call_rows(out_features: int, in_features: int, packed: bool, threa
         every_row = torch.arange(BF16_INVARIANT_ROWS)
         x[every_row, pair], x[every_row, pair + 1] = 2.0 ** 16, -(2.0 ** 16)
     weight, x = weight.bfloat16(), x.bfloat16()
-    if packed:
-        copy = torch.ops.mkldnn._reorder_linear_weight(weight, SKINNY_ROWS)
-
-        def product(part: torch.Tensor) -> torch.Tensor:
-            return torch.ops.mkldnn._linear_pointwise(part, copy, None, "none", [], "")
-    else:
-        def product(part: torch.Tensor) -> torch.Tensor:
-            return F.linear(part, weight)
+    copy = torch.ops.mkldnn._reorder_linear_weight(weight, SKINNY_ROWS) if packed else None
+    product = _bf16_product(weight, None, copy)
 
     def most_rows(fewest: int) -> int:
         alone = _in_calls(x, 1, fewest, product)
@@ -247,6 +241,15 @@ def _measured_call_rows(out_features: int, in_features: int, packed: bool, threa
             return plain
         padded = CallRows(2, most_rows(2))
     return padded if padded.most > plain.most else plain
+
+
+def _bf16_product(weight: torch.Tensor, bias: torch.Tensor | None,
+                  packed_copy: torch.Tensor | None) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``x ↦ x @ weight.T + bias`` by oneDNN's product with ``packed_copy`` (the weight's packed layout), or by
+    ``F.linear`` when it is ``None``."""
+    if packed_copy is not None:
+        return lambda part: torch.ops.mkldnn._linear_pointwise(part, packed_copy, bias, "none", [], "")
+    return lambda part: F.linear(part, weight, bias)
 
 
 def _in_calls(flat: torch.Tensor, most: int, fewest: int,
@@ -266,14 +269,7 @@ def _in_calls(flat: torch.Tensor, most: int, fewest: int,
 def _bf16_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, rows: int,
                  packed: bool) -> torch.Tensor:
     plan = bf16_call_rows(*weight.shape, packed=packed)
-    if packed:
-        copy = _packed_weight(weight, _ONEDNN)
-
-        def product(part: torch.Tensor) -> torch.Tensor:
-            return torch.ops.mkldnn._linear_pointwise(part, copy, bias, "none", [], "")
-    else:
-        def product(part: torch.Tensor) -> torch.Tensor:
-            return F.linear(part, weight, bias)
+    product = _bf16_product(weight, bias, _packed_weight(weight, _ONEDNN) if packed else None)
     if plan.fewest <= rows <= plan.most:
         # One call, as nearly every decoding step makes. Both products flatten leading dims themselves, into the
         # same [rows, in] GEMM, and skipping the split and reshapes here saves about a fifth of a small call.
