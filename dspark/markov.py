@@ -178,28 +178,47 @@ def sample_block(
     if weights is not None:  # W1 too large to upcast whole: markov_feature_step upcasts the rows it gathers
         weights = weights._replace(**{name: value.to(compute) for name, value in weights._asdict().items()
                                       if isinstance(value, torch.Tensor) and name != "w1"})
-    gamma = base_logits.shape[1]
+    if temperature == 0:
+        return _greedy_block(base_logits, hidden, anchor_ids, weights, draft_to_target)
     prev = anchor_ids
     state = None
     tokens, probs = [], []
-    for k in range(gamma):
+    for k in range(base_logits.shape[1]):
         logits = base_logits[:, k]
         if weights is not None:
             bias, state = markov_step(weights, prev, hidden[:, k], state)
             logits = logits + bias
-        if temperature == 0:
-            # warp_logits' one-hot at the first argmax, whose inverse CDF is that argmax whatever the draw. max
-            # propagates NaN and finds +inf, so finite maxima are the check that warp_logits makes of every logit.
-            top, step_tokens = logits.max(-1)
-            check_tensor("draft logits", top, finite=True)
-            step_probs = torch.nn.functional.one_hot(step_tokens, logits.shape[-1]).to(logits.dtype)
-        else:
-            step_probs = warp_logits(logits, temperature, top_k, top_p)
-            step_tokens = sample_from_probs(step_probs, uniforms[:, k].to(step_probs.dtype))
+        step_probs = warp_logits(logits, temperature, top_k, top_p)
+        step_tokens = sample_from_probs(step_probs, uniforms[:, k].to(step_probs.dtype))
         tokens.append(step_tokens)
         probs.append(step_probs)
         prev = step_tokens if draft_to_target is None else draft_to_target[step_tokens]
     return torch.stack(tokens, 1), torch.stack(probs, 1)
+
+
+def _greedy_block(base_logits, hidden, anchor_ids, weights, draft_to_target):
+    """:func:`sample_block` at temperature 0: each slot takes the first argmax of ``U_k + B_k``, and its
+    distribution is the one-hot that ``warp_logits`` would return (whose inverse CDF is that argmax whatever
+    the draw). The slots' one-hots are built once after the loop, which is all that greedy drafting spends
+    outside the bias and the argmax."""
+    prev = anchor_ids
+    state = None
+    tokens, tops = [], []
+    for k in range(base_logits.shape[1]):
+        logits = base_logits[:, k]
+        if weights is not None:
+            bias, state = markov_step(weights, prev, hidden[:, k], state)
+            logits = logits + bias
+        top, step_tokens = logits.max(-1)
+        tokens.append(step_tokens)
+        tops.append(top)
+        prev = step_tokens if draft_to_target is None else draft_to_target[step_tokens]
+    # max propagates NaN and finds +inf, so finite maxima are the check warp_logits makes of every logit; a
+    # non-finite slot can only have steered the slots after it, and the whole block is refused.
+    check_tensor("draft logits", torch.stack(tops, 1), finite=True)
+    tokens = torch.stack(tokens, 1)
+    probs = torch.nn.functional.one_hot(tokens, base_logits.shape[-1]).to(base_logits.dtype)
+    return tokens, probs
 
 
 def previous_tokens(anchor_ids: torch.Tensor, tokens: torch.Tensor, draft_to_target: torch.Tensor | None = None):

@@ -130,6 +130,14 @@ def test_bad_sample_block_input_raises(mutate, message):
         sample_block(*mutate(_sample_inputs()), weights)
 
 
+def test_greedy_refuses_a_bias_that_overflows():
+    # Finite inputs pass the entry checks; the bias of a slot overflows only once its previous token is known.
+    weights = random_markov_weights("vanilla", 9, 9, 2, 4, seed=0, dtype=torch.float32)
+    weights = weights._replace(w1=weights.w1.clone().index_fill_(0, torch.tensor([0]), 3e38))
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        sample_block(*_sample_inputs(), weights, temperature=0.0, backend="torch")
+
+
 def test_rank_zero_head_is_refused():
     with pytest.raises(ValueError, match="rank >= 1"):
         MarkovHead(10, 10, 0, "vanilla", 4)
