@@ -303,6 +303,8 @@ class BlockBackbone(nn.Module):
         anchor_pos = cache.lengths[:, None]
         block_pos = anchor_pos[..., None] + torch.arange(self.config.block_size, device=anchor_ids.device)
         x = self.embed_tokens(self.block_ids(anchor_ids[:, None])).to(cache.keys[0].dtype)
-        for layer_index, layer in enumerate(self.layers):
-            x = layer(x, block_pos, cache.keys[layer_index], cache.values[layer_index], anchor_pos, None, backend)
+        # Rows past the longest context are spare capacity: attention would upcast and mask them every round.
+        filled = int(cache.lengths.max())
+        for keys, values, layer in zip(cache.keys, cache.values, self.layers):
+            x = layer(x, block_pos, keys[:, :filled], values[:, :filled], anchor_pos, None, backend)
         return self.norm(x)[:, 0]
