@@ -11,7 +11,9 @@ One speculative round for the active requests (method.md §1):
 3. ``verify``: the target reads ``[x_0, x_1..x_ℓ]`` in one pass, rejection sampling keeps a prefix of n drafts
    and draws one correction or bonus token (greedy decoding compares argmaxes instead, which is the same);
 4. the target's cache keeps the slots of ``[x_0, x_1..x_n]`` (the rejected ones are rolled back) and the
-   drafter's context cache grows by their tap features, n + 1 rows.
+   drafter's context cache grows by their tap features, n + 1 rows. A round that drafted nothing commits one
+   token per request; its tap rows wait, and reach the drafter's cache in one call at the start of the next
+   round that drafts, so a round that drafts nothing costs a plain step and its checks.
 """
 
 from __future__ import annotations
@@ -58,7 +60,8 @@ class GenerationResult:
     ``timings`` splits the seconds: ``prefill`` and ``decode`` for plain decoding; ``prefill``, ``draft``,
     ``schedule``, ``target`` (the verify pass's forward), ``verify`` (warping, rejection sampling, cache
     roll-back and the drafter's cache update) and ``bookkeeping`` (statistics, outputs, finished requests)
-    for speculative decoding. ``rounds_without_drafts`` counts the speculative rounds in which the scheduler could
+    for speculative decoding (``draft`` includes bringing the drafter's cache up to date after rounds that drafted
+    nothing). ``rounds_without_drafts`` counts the speculative rounds in which the scheduler could
     not have sent any draft, so the drafter was not run and the round was a plain target step.
     ``request_rounds[i]`` counts the speculative rounds request ``i`` took part in; every token of it but the
     first (sampled after the prefill) was committed by one of them, so :attr:`request_tau` is its own τ, the
@@ -350,6 +353,10 @@ class SpeculativeDecoder:
         record_drafts: keep every drafted block in ``self.drafts`` as ``(requests [n], anchor_positions [n],
             tokens [n, γ])`` of the n requests drafted for (indices into the prompts), on the CPU: what teacher
             forcing at the same anchors can be compared with (``dspark.training.teacher_forced_tokens``).
+
+    After :meth:`start`, ``state`` is the target's decoding state and ``cache`` the drafter's context cache. The
+    cache holds every committed token before the anchor whenever the drafter runs; after rounds that drafted
+    nothing, their rows wait in ``waiting`` (``(taps [R, 1, F], ids [R, 1])`` per round) until it next drafts.
     """
 
     def __init__(self, target, drafter, config: SamplingConfig | None = None, *, scheduler: Scheduler | None = None,
@@ -382,6 +389,7 @@ class SpeculativeDecoder:
         self.steps = 0
         self.rounds_without_drafts = 0  # rounds the scheduler could not send a draft in, so nothing was drafted
         self.rounds, self.drafts = [], []  # a new decode's records only
+        self.waiting: list[tuple[torch.Tensor, torch.Tensor]] = []
         t0 = time.perf_counter()
         self.state, logits, prompt_step, lengths, ids = prefill(self.target, prompts)
         self.cache = self.drafter.new_cache(len(prompts), capacity=int(lengths.max()) + 16, device=self.device,
@@ -411,7 +419,17 @@ class SpeculativeDecoder:
             keep = (~done).nonzero().squeeze(1)
             self.target.select(self.state, keep)
             self.cache.select(keep)
-            self.active, self.anchor = self.active[keep], self.anchor[keep.to(self.device)]
+            on_device = keep.to(self.device)
+            self.waiting = [(taps[on_device], ids[on_device]) for taps, ids in self.waiting]
+            self.active, self.anchor = self.active[keep], self.anchor[on_device]
+
+    def _catch_up(self) -> None:
+        """Extend the drafter's cache by the rows of the rounds since it last drafted (one row per request each)."""
+        if self.waiting:
+            taps, ids = (torch.cat(parts, 1) for parts in zip(*self.waiting))
+            self.waiting = []
+            rows = torch.full((taps.shape[0],), taps.shape[1], dtype=torch.long, device=self.device)
+            self.drafter.extend_cache(self.cache, taps, rows, token_ids=ids)
 
     def _uniforms(self, *shape, dtype) -> torch.Tensor:
         return uniform_draws(shape, self.generator, dtype, self.device)
@@ -426,6 +444,7 @@ class SpeculativeDecoder:
         t0 = time.perf_counter()
         draft = None
         if self.scheduler.may_send_drafts(valid_len, gamma):
+            self._catch_up()
             draft = self.drafter.draft(self.anchor, self.cache, self._uniforms(num, gamma, dtype=self.dtype),
                                        temperature=config.temperature, top_k=config.top_k, top_p=config.top_p,
                                        backend=self.backend)
@@ -453,8 +472,11 @@ class SpeculativeDecoder:
         kept = result.num_accepted + 1  # x_0 and the accepted drafts now hold committed tokens
         self.target.keep(self.state, width, kept)
         self.state.next_pos = self.state.next_pos + kept
-        self.drafter.extend_cache(self.cache, step.taps[:, : int(kept.max())].to(self.dtype), kept,
-                                  token_ids=fed[:, : int(kept.max())])
+        if draft is None:  # every request committed its anchor alone
+            self.waiting.append((step.taps[:, :1].to(self.dtype), fed[:, :1]))
+        else:
+            self.drafter.extend_cache(self.cache, step.taps[:, : int(kept.max())].to(self.dtype), kept,
+                                      token_ids=fed[:, : int(kept.max())])
         t3 = time.perf_counter()
 
         # The drafted block stays on its device: stats compare it there and copy back only γ - 1 counts.

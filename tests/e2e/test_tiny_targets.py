@@ -103,6 +103,47 @@ def test_backoff_drafts_less_after_empty_rounds_and_stays_lossless(monkeypatch):
     assert len(calls) == result.steps - result.rounds_without_drafts < result.steps // 2, (len(calls), result.steps)
 
 
+def test_rows_of_rounds_without_drafts_reach_the_drafter_before_it_drafts(monkeypatch):
+    """Back-off leaves runs of rounds that draft nothing, whose rows wait; whenever the drafter runs, its cache
+    holds every committed token before the anchor and computes what a cache filled in one go would, and a
+    request that finishes meanwhile takes its waiting rows with it."""
+    import dataclasses
+
+    target = tiny_target(vocab=16)
+    drafter = drafter_for(target)
+    policy = PrefixScheduler(SPSTable.linear(1.0, 0.05, 64), backoff=4)
+    decoder = SpeculativeDecoder(target, drafter, SamplingConfig(max_new_tokens=20, temperature=1.0, seed=3),
+                                 scheduler=policy)
+    original = drafter.draft
+    checked = []
+
+    def unsure_and_checked(anchor, cache, *args, **kwargs):
+        assert torch.equal(cache.lengths, decoder.state.next_pos)
+        for row, req in enumerate(decoder.active.tolist()):
+            committed = PROMPTS[req] + decoder.out[req][:-1]
+            step = target.forward(target.new_state(1), torch.tensor([committed]),
+                                  torch.arange(len(committed))[None], torch.ones(1, len(committed), dtype=torch.bool))
+            fresh = drafter.new_cache(1)
+            drafter.extend_cache(fresh, step.taps, torch.tensor([len(committed)]))
+            want = drafter.forward_cached(anchor[row: row + 1], fresh)
+            got = drafter.forward_cached(anchor[row: row + 1], _single_cache(cache, row))
+            # fp32 target features from a batched cache with holes vs one fresh pass: same sums, other order.
+            assert_close(got, want, rtol=1e-4, atol=1e-4, name=f"drafter hidden, request {req}")
+        checked.append(decoder.rounds_without_drafts)
+        out = original(anchor, cache, *args, **kwargs)
+        return dataclasses.replace(out, confidence=torch.zeros_like(out.confidence))
+
+    monkeypatch.setattr(drafter, "draft", unsure_and_checked)
+    decoder.start(PROMPTS)
+    finished_while_waiting = False
+    while not decoder.finished:
+        before = len(decoder.active)
+        decoder.step()
+        finished_while_waiting |= bool(decoder.waiting) and len(decoder.active) < before
+    assert len(set(checked)) >= 3, f"the drafter must run after at least two runs of rounds without drafts: {checked}"
+    assert finished_while_waiting
+
+
 def test_eagle3_chain_drafter_is_lossless_and_rolls_back():
     """The EAGLE-3 baseline decodes through the same decoder: greedy output is the target's, and after
     rounds with rejections its cache gives the chain a fresh cache would."""
