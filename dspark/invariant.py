@@ -13,14 +13,17 @@ takes the keys that query may see (a slice when they form a prefix of the cache,
 rejected slots are cropped; gathered once per request and layer otherwise, holes and padding left out) and
 computes that one query over exactly those keys, in fp32, with the same calls a one-token step makes. So a
 query's output depends only on its own values and the keys it sees, not on how many queries share the pass or
-where masked slots lie. The rest of a decoder layer is row by row (norms, rotations, activations) but for the
-products, and for those :mod:`dspark.linear` hands oneDNN's bf16 kernels calls that this CPU keeps apart for that
-weight shape (:func:`dspark.linear.bf16_call_rows`, measured: up to 32 rows on a Xeon with AMX; on an AMD EPYC, 2
-to 32 for SmolLM2-135M's down projection, single rows padded to two). Then a whole verify pass gives each token
-the logits of a one-token step bit for bit, and greedy speculative decoding equals greedy decoding of the same batch
-of requests (``tests/e2e/test_invariant.py``, and ``tests/e2e/test_real_target.py`` on the default target). Prefills of
-more rows than few-row products take stay as oneDNN computes them, so a request's tokens can still depend on
-which other prompts shared its prefill.
+where masked slots lie. A query that may not see its own slot is padding (a request that sends fewer tokens than
+the pass is wide, or a short prompt in a prefill): nothing reads its output, so it is left at zero, not computed.
+
+The rest of a decoder layer is row by row (norms, rotations, activations) but for the products, and for those
+:mod:`dspark.linear` hands oneDNN's bf16 kernels calls that this CPU keeps apart for that weight shape
+(:func:`dspark.linear.bf16_call_rows`, measured: up to 32 rows on a Xeon with AMX; on an AMD EPYC, 2 to 32 for
+SmolLM2-135M's down projection, single rows padded to two). Then a whole verify pass gives each token the logits of
+a one-token step bit for bit, and greedy speculative decoding equals greedy decoding of the same batch of requests
+(``tests/e2e/test_invariant.py``, and ``tests/e2e/test_real_target.py`` on the default target). Prefills of more
+rows than few-row products take stay as oneDNN computes them, so a request's tokens can still depend on which other
+prompts shared its prefill.
 
 The price is a Python loop over requests × queries in every layer: on a 2-core Xeon it adds 7% to a one-token
 step of SmolLM2-135M at batch 1 and 14% to an 8-token verify pass (``benchmarks/results/sps_cpu_xeon.json``). It
@@ -58,6 +61,10 @@ def _visible(mask: torch.Tensor | None, batch: int, queries: int, slots: int, de
         raise ValueError(f"invariant attention takes a boolean [B, 1, T, S] mask, got {mask.dtype} "
                          f"{tuple(mask.shape)}")
     allowed = mask[:, 0].expand(batch, queries, slots)
+    # The T queries are the last T slots, and a query that may not see its own slot is padding (a request that
+    # sends fewer tokens than the pass is wide, or a short prompt in a prefill): its output is never read.
+    step = torch.arange(queries, device=device)
+    allowed = allowed & allowed[:, step, slots - queries + step][:, :, None]
     counts = allowed.sum(-1)
     plan = []
     for b in range(batch):
@@ -79,10 +86,12 @@ def invariant_attention(module: torch.nn.Module, query: torch.Tensor, key: torch
     Args:
         query: ``[B, H, T, D]``; key, value: ``[B, H_kv, S, D]`` with ``H`` a multiple of ``H_kv``.
         attention_mask: boolean ``[B, 1, T, S]`` (True: may attend), or ``None`` for causal over all S slots.
+            The T queries sit in the last T slots.
         scaling: the factor on ``q · k``.
 
     Returns:
-        ``([B, T, H, D]`` in the query's dtype, ``None)``: no attention weights are kept.
+        ``([B, T, H, D]`` in the query's dtype, ``None)``: no attention weights are kept. Rows of queries that
+        may not see their own slot (padding) are zeros.
     """
     for name in ("sliding_window", "softcap", "s_aux"):
         if kwargs.get(name) is not None:
@@ -97,12 +106,16 @@ def invariant_attention(module: torch.nn.Module, query: torch.Tensor, key: torch
     groups = heads // kv_heads
     scaled = (query.float() * scaling).reshape(batch, kv_heads, groups, queries, dim)
     rows = []
+    padding = scaled.new_zeros(kv_heads, groups, dim)
     for b, (gather, counts) in enumerate(plan):
         keys, values = key[b], value[b]  # [H_kv, S, D]
         if isinstance(gather, torch.Tensor):
             keys, values = keys[:, gather], values[:, gather]
         keys, values = keys.float(), values.float()
         for t in range(queries):
+            if counts[t] == 0:
+                rows.append(padding)
+                continue
             if isinstance(gather, list):
                 k, v = keys[:, gather[t]], values[:, gather[t]]
             else:

@@ -53,6 +53,8 @@ def _inputs(seed, batch, heads, kv_heads, queries, slots, dim, dtype=torch.float
         allowed = allowed & (torch.rand(batch, 1, slots, generator=gen) < 0.7)
     allowed = allowed.expand(batch, queries, slots).clone()
     allowed[..., 0] = True  # every query keeps at least one slot
+    step = torch.arange(queries)
+    allowed[:, step, slots - queries + step] = True  # and its own: a query that may not see itself is padding
     return q, k, v, allowed[:, None]
 
 
@@ -89,6 +91,22 @@ def test_each_query_row_equals_that_query_alone_over_its_own_keys(dtype, holes):
             alone, _ = invariant_attention(None, q[b:b + 1, :, t:t + 1], k[b:b + 1, :, seen], v[b:b + 1, :, seen],
                                            None, 0.25)  # no mask: causal over exactly its keys, as in a plain step
             assert torch.equal(out[b, t], alone[0, 0]), (dtype, b, t)
+
+
+@pytest.mark.parametrize("holes", ["random", "verify"])
+def test_padding_queries_come_out_as_zeros_and_leave_the_others_alone(holes):
+    # A query that may not see its own slot is padding (a request that sends fewer tokens than the pass is wide):
+    # its row is never read, so it is not computed, and the live queries get what they get in a pass without it.
+    q, k, v, allowed = _inputs(7, 3, 6, 2, 5, 17, 16, torch.bfloat16, holes)
+    padded = allowed.clone()
+    padded[0, 0, 3:, 17 - 5 + 3:] = False  # request 0 sends 3 tokens: slots 3 and 4 of the pass are padding
+    padded[2, 0, 1:, 17 - 5 + 1:] = False  # request 2 sends 1
+    out, _ = invariant_attention(None, q, k, v, padded, 0.25)
+    full, _ = invariant_attention(None, q, k, v, allowed, 0.25)
+    live = torch.ones(3, 5, dtype=torch.bool)
+    live[0, 3:], live[2, 1:] = False, False
+    assert torch.equal(out[~live], torch.zeros_like(out[~live]))
+    assert torch.equal(out[live], full[live])
 
 
 def test_no_mask_means_causal_over_every_slot():
