@@ -116,20 +116,22 @@ def profile_sps(
 ) -> SPSTable:
     """Measure ``step(B)`` (one verify pass of B tokens) at each count; median of ``repeats``; monotone table.
 
-    On a GPU ``step`` must synchronise before returning. This is how the engine's table is profiled once
-    at start-up (method.md §6.1).
+    The counts take turns, one pass of each per round, so that a stretch in which the machine runs slow (other
+    work on a shared CPU) lengthens a pass of every count a little instead of every pass of one count: the
+    running maximum that makes the table monotone would carry such an outlier up to every larger count. On a
+    GPU ``step`` must synchronise before returning. This is how the engine's table is profiled once at start-up
+    (method.md §6.1).
     """
-    seconds = []
-    for count in token_counts:
-        for _ in range(warmup):
+    for _ in range(warmup):
+        for count in token_counts:
             step(count)
-        times = []
-        for _ in range(repeats):
+    times: list[list[float]] = [[] for _ in token_counts]
+    for _ in range(repeats):
+        for count, samples in zip(token_counts, times):
             start = time.perf_counter()
             step(count)
-            times.append(time.perf_counter() - start)
-        seconds.append(statistics.median(times))
-    return SPSTable.from_latencies(list(token_counts), seconds)
+            samples.append(time.perf_counter() - start)
+    return SPSTable.from_latencies(list(token_counts), [statistics.median(samples) for samples in times])
 
 
 def survival_of(confidence: torch.Tensor) -> torch.Tensor:

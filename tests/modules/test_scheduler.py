@@ -252,14 +252,16 @@ def test_bad_schedule_input_raises(call, message):
 
 
 def test_profile_sps_takes_medians_and_makes_the_table_monotone(monkeypatch):
-    """profile_sps times step(B) with perf_counter; a fake clock makes its arithmetic checkable."""
+    """profile_sps times step(B) with perf_counter, the counts in turn; a fake clock makes its arithmetic checkable."""
     import dspark.scheduler as scheduler
 
     latency = {1: [0.010, 0.030, 0.011], 4: [0.012, 0.012, 0.013], 8: [0.011, 0.020, 0.020]}
     clock = {"t": 0.0, "pending": 0.0}
     calls = {b: iter(v) for b, v in latency.items()}
+    order = []
 
     def step(tokens):
+        order.append(tokens)
         clock["pending"] = next(calls[tokens], 0.0)
 
     def perf_counter():
@@ -269,6 +271,7 @@ def test_profile_sps_takes_medians_and_makes_the_table_monotone(monkeypatch):
 
     monkeypatch.setattr(scheduler.time, "perf_counter", perf_counter)
     table = scheduler.profile_sps(step, [1, 4, 8], repeats=3, warmup=0)
+    assert order == [1, 4, 8] * 3, "the counts take turns, so that a slow stretch does not fall on one count"
     # medians 0.011, 0.012, 0.020 seconds; monotone already; interpolated in between
     assert table.sps[1].item() == pytest.approx(1 / 0.011)
     assert table.sps[4].item() == pytest.approx(1 / 0.012)
