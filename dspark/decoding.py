@@ -428,8 +428,8 @@ class SpeculativeDecoder:
         if self.waiting:
             taps, ids = (torch.cat(parts, 1) for parts in zip(*self.waiting))
             self.waiting = []
-            rows = torch.full((taps.shape[0],), taps.shape[1], dtype=torch.long, device=self.device)
-            self.drafter.extend_cache(self.cache, taps, rows, token_ids=ids)
+            counts = torch.full((taps.shape[0],), taps.shape[1], dtype=torch.long, device=self.device)
+            self.drafter.extend_cache(self.cache, taps, counts, token_ids=ids)
 
     def _uniforms(self, *shape, dtype) -> torch.Tensor:
         return uniform_draws(shape, self.generator, dtype, self.device)

@@ -199,8 +199,8 @@ def sample_block(
 def _greedy_block(base_logits, hidden, anchor_ids, weights, draft_to_target):
     """:func:`sample_block` at temperature 0: each slot takes the first argmax of ``U_k + B_k``, and its
     distribution is the one-hot that ``warp_logits`` would return (whose inverse CDF is that argmax whatever
-    the draw). The slots' one-hots are built once after the loop, which is all that greedy drafting spends
-    outside the bias and the argmax."""
+    the draw). The one-hots are built, and the maxima checked, once for the whole block, so that the loop over
+    slots does no more than the biases and the argmaxes."""
     prev = anchor_ids
     state = None
     tokens, tops = [], []
