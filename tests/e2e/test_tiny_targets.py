@@ -376,8 +376,8 @@ def test_verify_profiles_cover_the_batch_and_roll_every_pass_back(requests, monk
     sps = profile_verify_sps(target, 7, requests=requests, context=5, repeats=1)
     assert sps.max_tokens == 7
     assert bool((sps.sps[1:] > 0).all())
-    passes = fed[1:]  # after the prefill: a warm-up and a timed pass per count
-    assert [valid for _, valid, _ in passes] == [c for c in range(requests, 8) for _ in range(2)]
+    passes = fed[1:]  # after the prefill: a round of warm-up passes, then a round of timed ones, a pass per count
+    assert [valid for _, valid, _ in passes] == list(range(requests, 8)) * 2
     for shape, valid, anchors in passes:
         assert shape == (requests, -(-valid // requests)) and anchors, (shape, valid)
     assert states[-1].valid.sum(1).tolist() == [5] * requests  # only the context is left valid
