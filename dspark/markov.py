@@ -180,20 +180,30 @@ def sample_block(
                                       if isinstance(value, torch.Tensor) and name != "w1"})
     if temperature == 0:
         return _greedy_block(base_logits, hidden, anchor_ids, weights, draft_to_target)
+    probs = []
+
+    def sample(k: int, logits: torch.Tensor) -> torch.Tensor:
+        probs.append(warp_logits(logits, temperature, top_k, top_p))
+        return sample_from_probs(probs[-1], uniforms[:, k].to(probs[-1].dtype))
+
+    tokens = _left_to_right(base_logits, hidden, anchor_ids, weights, draft_to_target, sample)
+    return tokens, torch.stack(probs, 1)
+
+
+def _left_to_right(base_logits, hidden, anchor_ids, weights, draft_to_target, choose) -> torch.Tensor:
+    """Tokens ``[R, γ]`` chosen slot by slot: ``choose(k, U_k + B_k(x_{k−1}))`` returns slot k's tokens ``[R]``,
+    whose target ids become the previous tokens of slot k + 1."""
     prev = anchor_ids
     state = None
-    tokens, probs = [], []
+    tokens = []
     for k in range(base_logits.shape[1]):
         logits = base_logits[:, k]
         if weights is not None:
             bias, state = markov_step(weights, prev, hidden[:, k], state)
             logits = logits + bias
-        step_probs = warp_logits(logits, temperature, top_k, top_p)
-        step_tokens = sample_from_probs(step_probs, uniforms[:, k].to(step_probs.dtype))
-        tokens.append(step_tokens)
-        probs.append(step_probs)
-        prev = step_tokens if draft_to_target is None else draft_to_target[step_tokens]
-    return torch.stack(tokens, 1), torch.stack(probs, 1)
+        tokens.append(choose(k, logits))
+        prev = tokens[-1] if draft_to_target is None else draft_to_target[tokens[-1]]
+    return torch.stack(tokens, 1)
 
 
 def _greedy_block(base_logits, hidden, anchor_ids, weights, draft_to_target):
@@ -201,22 +211,17 @@ def _greedy_block(base_logits, hidden, anchor_ids, weights, draft_to_target):
     distribution is the one-hot that ``warp_logits`` would return (whose inverse CDF is that argmax whatever
     the draw). The one-hots are built, and the maxima checked, once for the whole block, so that the loop over
     slots does no more than the biases and the argmaxes."""
-    prev = anchor_ids
-    state = None
-    tokens, tops = [], []
-    for k in range(base_logits.shape[1]):
-        logits = base_logits[:, k]
-        if weights is not None:
-            bias, state = markov_step(weights, prev, hidden[:, k], state)
-            logits = logits + bias
-        top, step_tokens = logits.max(-1)
-        tokens.append(step_tokens)
+    tops = []
+
+    def argmax(k: int, logits: torch.Tensor) -> torch.Tensor:
+        top, token = logits.max(-1)
         tops.append(top)
-        prev = step_tokens if draft_to_target is None else draft_to_target[step_tokens]
+        return token
+
+    tokens = _left_to_right(base_logits, hidden, anchor_ids, weights, draft_to_target, argmax)
     # max propagates NaN and finds +inf, so finite maxima are the check warp_logits makes of every logit; a
     # non-finite slot can only have steered the slots after it, and the whole block is refused.
     check_tensor("draft logits", torch.stack(tops, 1), finite=True)
-    tokens = torch.stack(tokens, 1)
     probs = torch.nn.functional.one_hot(tokens, base_logits.shape[-1]).to(base_logits.dtype)
     return tokens, probs
 
