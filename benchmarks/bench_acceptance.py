@@ -1,7 +1,8 @@
 """Acceptance on held-out real prompts: τ and per-position acceptance per domain, T = 0 and T = 1.
 
 Each available drafter for the default target (``--drafters name=DIR``; by default the trained DSpark, DFlash and
-EAGLE-3-style drafters and DSpark trained on cross-entropy alone, cached or committed: ``benchmarks.trained``)
+EAGLE-3-style drafters and DSpark trained on cross-entropy alone, cached or committed: ``benchmarks.trained``, and
+the committed DSpark drafter at DFlash's steps when the shipped one trained longer)
 decodes the same held-out prompts (math: GSM8K, code: HumanEval, chat: MT-Bench first turns; never in the training
 pool) with every drafted slot verified. τ counts the bonus token (``paper/method.md`` §9, vLLM's ``1 + accepted /
 drafts``); acceptance by position is given both conditional (the paper's Fig. 2) and unconditional (DeepSpec's
@@ -21,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.environment import write_result  # noqa: E402
-from benchmarks.trained import trained_drafters  # noqa: E402
+from benchmarks.trained import equal_budget_drafters, trained_drafters  # noqa: E402
 from dspark.checkpoint import load_drafter  # noqa: E402
 from dspark.data import DOMAINS, load_prompts  # noqa: E402
 from dspark.decoding import SamplingConfig, speculative_generate  # noqa: E402
@@ -38,14 +39,19 @@ def _repeat_rate(outputs: list[list[int]]) -> float:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--drafters", nargs="*", default=None,
-                        help="name=DIR pairs (default: the trained ones, cached or committed)")
+                        help="name=DIR pairs (default: the trained ones, cached or committed, and DSpark at "
+                             "DFlash's steps)")
     parser.add_argument("--prompts-per-domain", type=int, default=8)
     parser.add_argument("--offset", type=int, default=50, help="first prompt index of each domain")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    drafters = dict(item.split("=", 1) for item in args.drafters) if args.drafters else trained_drafters()
+    if args.drafters:
+        drafters = dict(item.split("=", 1) for item in args.drafters)
+    else:
+        drafters = trained_drafters()
+        drafters.update(equal_budget_drafters(drafters))
     if not drafters:
         raise SystemExit("no trained drafters found: run `python -m dspark train` (and --objective dflash) first")
     target = load_default_target()

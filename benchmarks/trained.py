@@ -5,11 +5,14 @@ wrote to the dspark cache wins; otherwise the committed one is used: the DSpark 
 package, the baselines under ``benchmarks/drafters/``, so the comparisons can be re-run on a fresh checkout
 without retraining.
 
-The arms: ``dspark`` (the recipe, then a third and a fourth pass over its data, ``smollm2_drafter_pass3.json``
-and ``smollm2_drafter_pass4.json``), ``dflash`` and ``eagle3`` (its ``--objective`` baselines; DFlash continued
-the same way), and ``dspark-ce``, the DSpark drafter trained on cross-entropy alone (``--ce-weight 1
---l1-weight 0``, continued by ``smollm2_drafter_ce_pass3.json`` and ``smollm2_drafter_ce_pass4.json``): the
-DSpark architecture with DFlash's loss, which separates what the Markov head adds from what the L1 term adds.
+The arms: ``dspark`` (the recipe, then a third, a fourth and a fifth pass over its data,
+``smollm2_drafter_pass3.json`` to ``smollm2_drafter_pass5.json``), ``dflash`` and ``eagle3`` (its ``--objective``
+baselines; DFlash continued for a third and a fourth pass), and ``dspark-ce``, the DSpark drafter trained on
+cross-entropy alone (``--ce-weight 1 --l1-weight 0``, continued by ``smollm2_drafter_ce_pass3.json`` and
+``smollm2_drafter_ce_pass4.json``): the DSpark architecture with DFlash's loss, which separates what the Markov
+head adds from what the L1 term adds. Each continued arm's earlier drafters are committed as ``<name>-steps<N>``:
+:func:`equal_budget_drafters` finds the DSpark one at DFlash's steps, so the two can still be compared at equal
+training budget.
 """
 
 from __future__ import annotations
@@ -62,3 +65,22 @@ def trained_at(directory: Path) -> str | None:
         written = datetime.datetime.fromtimestamp(config.stat().st_mtime, datetime.timezone.utc)
         return written.isoformat(timespec="seconds")
     return None
+
+
+def _steps(directory: Path) -> int | None:
+    return json.loads((directory / "config.json").read_text(encoding="utf-8")).get("metadata", {}).get("steps")
+
+
+def equal_budget_drafters(found: dict[str, Path]) -> dict[str, Path]:
+    """``{"dspark-steps<N>": directory}`` for the committed earlier DSpark drafter trained for the ``N`` steps of
+    the DFlash drafter in ``found`` (arm -> directory, :func:`trained_drafters`), when the DSpark drafter there
+    trained longer; else ``{}``."""
+    if "dspark" not in found or "dflash" not in found:
+        return {}
+    steps, longer = _steps(found["dflash"]), _steps(found["dspark"])
+    if steps is None or longer is None or longer <= steps:
+        return {}
+    earlier = COMMITTED / f"{ARMS['dspark']}-steps{steps}"
+    if not (earlier / "model.safetensors").exists() or _steps(earlier) != steps:
+        return {}
+    return {f"dspark-steps{steps}": earlier}

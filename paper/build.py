@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -24,6 +25,17 @@ PAPER = Path(__file__).resolve().parent
 DOMAINS = ("math", "code", "chat")
 LABELS = {"dspark": "DSpark", "dflash": "DFlash", "eagle3": "EAGLE-3-style", "dspark-ce": "DSpark, CE only"}
 COLORS = {"dspark": "tab:red", "dflash": "tab:blue", "eagle3": "tab:green", "dspark-ce": "tab:purple"}
+# An earlier checkpoint of an arm, kept to compare arms at equal training budget: ``dspark-steps8000``.
+EARLIER = re.compile(r"(.+)-steps(\d+)")
+
+
+def label(name: str) -> str:
+    """How the paper names a drafter: ``dspark-steps8000`` reads "DSpark at 8000 steps"."""
+    earlier = EARLIER.fullmatch(name)
+    if earlier:
+        return f"{LABELS.get(earlier[1], earlier[1])} at {num(int(earlier[2]), 'd')} steps"
+    return LABELS.get(name, name)
+
 
 # The DSpark paper, Table 1, Qwen3-4B, T = 1: τ including the bonus token.
 PAPER_TAU = {"eagle3": {"math": 5.14, "code": 4.16, "chat": 2.39},
@@ -410,7 +422,7 @@ def section_acceptance(out: list[str], figures: Path) -> None:
             cells = {r["domain"]: r for r in rows if r["drafter"] == name and r["temperature"] == temperature}
             paper = PAPER_TAU.get(name)
             quoted_cell = " / ".join(quote(paper[d], ".2f") for d in DOMAINS) if paper and temperature == 1 else ""
-            out.append(f"| {LABELS.get(name, name)} | {num(temperature, 'g')} | "
+            out.append(f"| {label(name)} | {num(temperature, 'g')} | "
                        + " | ".join(num(cells[d]["tau"]) for d in DOMAINS) + f" | {quoted_cell} |")
     out.append("")
     meta = result.get("drafter_metadata", {})
@@ -422,7 +434,7 @@ def section_acceptance(out: list[str], figures: Path) -> None:
             run = meta[name].get("run") or {}
             arguments = (training_runs(run) or [{}])[0].get("arguments", {})
             ran = (run.get("train_config") or {}).get("precision")
-            out.append(f"- {LABELS.get(name, name)}: {draft_layers(arguments)}, "
+            out.append(f"- {label(name)}: {draft_layers(arguments)}, "
                        f"{num(meta[name].get('steps'), 'd')} steps on "
                        f"{num(meta[name].get('train_sequences'), 'd')} sequences" + (f" in {ran}" if ran else "")
                        + "; held-out τ_prob "
@@ -434,22 +446,28 @@ def section_acceptance(out: list[str], figures: Path) -> None:
     if order:
         out.append(f"At T = 1 the order by mean τ over the three domains is {order} (the paper: DSpark > DFlash > "
                    "EAGLE-3 on Qwen3 targets).\n")
-    cells = _paired_cells(rows, "dspark", "dflash")
+    dspark = _at_budget_of(meta, drafters, "dflash")
+    cells = _paired_cells(rows, dspark, "dflash")
     if cells:
-        out.append("DSpark's τ minus DFlash's, paired over the same prompts, with a 95% bootstrap interval that "
-                   f"resamples prompts: at T = 0 {cells[0.0]}; at T = 1 {cells[1.0]}. At T = 0 both decode the "
-                   "target's greedy output, so only acceptance differs; at T = 1 the sampled outputs differ too. "
-                   "An interval that contains 0 means these prompts cannot tell the two drafters apart."
-                   + _unequal_budget(meta, "dspark", "dflash") + "\n")
-    heads, l1_term = _paired_cells(rows, "dspark-ce", "dflash"), _paired_cells(rows, "dspark", "dspark-ce")
+        out.append(f"{label(dspark)}'s τ minus DFlash's, paired over the same prompts, with a 95% bootstrap "
+                   f"interval that resamples prompts: at T = 0 {cells[0.0]}; at T = 1 {cells[1.0]}. At T = 0 both "
+                   "decode the target's greedy output, so only acceptance differs; at T = 1 the sampled outputs "
+                   "differ too. An interval that contains 0 means these prompts cannot tell the two drafters apart."
+                   + _unequal_budget(meta, dspark, "dflash") + "\n")
+    longer = _paired_cells(rows, "dspark", dspark) if dspark != "dspark" else None
+    if longer:
+        out.append(f"What training past DFlash's budget adds, DSpark ({num(meta['dspark']['steps'], 'd')} steps, "
+                   f"the shipped drafter) minus {label(dspark)}, on the same sequences: at T = 0 {longer[0.0]}; at "
+                   f"T = 1 {longer[1.0]}.\n")
+    heads, l1_term = _paired_cells(rows, "dspark-ce", "dflash"), _paired_cells(rows, dspark, "dspark-ce")
     if heads and l1_term:
         out.append("DSpark differs from DFlash in two ways: its Markov and confidence heads, and its loss (L1 to the "
                    "target's distribution, mostly, where DFlash has cross-entropy). The DSpark drafter trained on "
                    "cross-entropy alone (*DSpark, CE only*: the same data, steps and recipe otherwise) separates them. "
                    f"What the heads add, DSpark CE only minus DFlash: at T = 0 {heads[0.0]}; at T = 1 {heads[1.0]}."
-                   + _unequal_budget(meta, "dspark-ce", "dflash") + " What the L1 term adds, DSpark minus DSpark CE "
-                   f"only: at T = 0 {l1_term[0.0]}; at T = 1 {l1_term[1.0]}."
-                   + _unequal_budget(meta, "dspark", "dspark-ce") + " L1 rewards a draft distribution close to the "
+                   + _unequal_budget(meta, "dspark-ce", "dflash") + f" What the L1 term adds, {label(dspark)} minus "
+                   f"DSpark CE only: at T = 0 {l1_term[0.0]}; at T = 1 {l1_term[1.0]}."
+                   + _unequal_budget(meta, dspark, "dspark-ce") + " L1 rewards a draft distribution close to the "
                    "target's everywhere, which is what acceptance under sampling pays for; greedy verification "
                    "accepts a slot only when the drafter's argmax is the target's, which cross-entropy trains "
                    "directly.\n")
@@ -510,13 +528,24 @@ def _paired_cells(rows: list[dict], a: str, b: str) -> dict[float, str] | None:
                          for d, g in by_domain.items()) for t, by_domain in gaps.items()}
 
 
+def _at_budget_of(meta: dict, drafters: list[str], other: str) -> str:
+    """The DSpark drafter to compare with drafter ``other`` (``meta``: drafter metadata by name): the shipped
+    one, unless it trained for more steps than ``other`` and an earlier checkpoint of it at ``other``'s steps
+    (``dspark-steps<N>``) was decoded too."""
+    steps = meta.get(other, {}).get("steps")
+    if steps is None or meta.get("dspark", {}).get("steps") == steps:
+        return "dspark"
+    earlier = f"dspark-steps{steps}"
+    return earlier if earlier in drafters and meta.get(earlier, {}).get("steps") == steps else "dspark"
+
+
 def _unequal_budget(meta: dict, a: str, b: str) -> str:
     """A sentence when drafters ``a`` and ``b`` were trained for different numbers of steps (``meta``: drafter
     metadata by name), else ""."""
     steps = {name: meta.get(name, {}).get("steps") for name in (a, b)}
     if None in steps.values() or steps[a] == steps[b]:
         return ""
-    return (f" {LABELS.get(a, a)} was trained for {num(steps[a], 'd')} steps and {LABELS.get(b, b)} for "
+    return (f" {label(a)} was trained for {num(steps[a], 'd')} steps and {label(b)} for "
             f"{num(steps[b], 'd')}, so these gaps are not at equal training budget.")
 
 
@@ -538,7 +567,7 @@ def _repeat_table(out: list[str], rows: list[dict]) -> None:
         mine = [r for r in greedy if r["drafter"] == name]
         blocks = sum(r["drafted_blocks"] for r in mine)
         rates = [sum(r["draft_repeat_rate"][k] * r["drafted_blocks"] for r in mine) / blocks for k in range(gamma - 1)]
-        out.append(f"| {LABELS.get(name, name)} | " + " | ".join(num(x, ".2f") for x in rates) + " |")
+        out.append(f"| {label(name)} | " + " | ".join(num(x, ".2f") for x in rates) + " |")
     target = [r["output_repeat_rate"] for r in greedy if r["drafter"] == greedy[0]["drafter"]]
     out.append(f"\nThe target's own greedy answers to these prompts repeat their previous token "
                f"{num(100 * min(target), '.1f')}–{num(100 * max(target), '.1f')}% of the time, depending on "
@@ -560,7 +589,7 @@ def _ranking(rows: list[dict], temperature: float) -> str:
         if len(taus) == len(DOMAINS):
             means[name] = sum(taus) / len(taus)
     ranked = sorted(means, key=means.get, reverse=True)
-    return " > ".join(f"{LABELS.get(n, n)} ({num(means[n])})" for n in ranked)
+    return " > ".join(f"{label(n)} ({num(means[n])})" for n in ranked)
 
 
 def _paired_gap(rows: list[dict], a: str, b: str, temperature: float, domain: str, draws: int = 10_000,
@@ -602,8 +631,8 @@ def _figure_acceptance(rows: list[dict], figures: Path) -> None:
     gamma = len(rows[0]["conditional_acceptance"])
     for ax, domain in zip(axes, DOMAINS):
         for r in rows:
-            if r["domain"] != domain:
-                continue
+            if r["domain"] != domain or EARLIER.fullmatch(r["drafter"]):
+                continue  # an earlier checkpoint of an arm would draw over the arm itself
             # 95% Wilson intervals from the rounds behind each point; slots reached by no round are left out.
             reached = r.get("reached_by_position") or [None] * gamma
             accepted = r.get("accepted_by_position") or [None] * gamma
@@ -611,7 +640,7 @@ def _figure_acceptance(rows: list[dict], figures: Path) -> None:
                                                                               accepted, reached))
                    if v == v and (n is None or n > 0)]
             style = dict(marker="o", color=COLORS.get(r["drafter"]), linestyle="-" if r["temperature"] == 1 else "--",
-                         label=f"{LABELS.get(r['drafter'], r['drafter'])} T={r['temperature']:g}", capsize=2)
+                         label=f"{label(r['drafter'])} T={r['temperature']:g}", capsize=2)
             errors = [[p[1] - p[2][0] for p in pts], [p[2][1] - p[1] for p in pts]] if all(p[2] for p in pts) \
                 else None
             ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=errors, **style)
@@ -637,7 +666,8 @@ def section_training(out: list[str], figures: Path) -> None:
     out.append("**How it was measured.** One command per arm, `python -m dspark train --config "
                "benchmarks/recipes/smollm2_drafter.json [--objective dflash|eagle3 | --ce-weight 1 --l1-weight 0]`"
                + (", then, for the arms continued past it, their continuation configs (`--config "
-                  "benchmarks/recipes/*_pass3.json` and `*_pass4.json`, each naming the drafter it continues)"
+                  "benchmarks/recipes/*_pass3.json` and `*_pass4.json`, and DSpark's `smollm2_drafter_pass5.json`, "
+                  "each naming the drafter it continues)"
                   if any(len(training_runs(arm.get("run"))) > 1 for arm in arms.values()) else "")
                + ", on this CPU; "
                "`benchmarks/bench_recipe.py` collects what the runs recorded. "
@@ -663,7 +693,7 @@ def section_training(out: list[str], figures: Path) -> None:
                     f"{num(100 * vocab['held_out_coverage'], '.2f')}% of the held-out ones; ") if vocab else \
             "full vocabulary; "
         arguments = (runs or [{}])[0].get("arguments", {})
-        out.append(f"- **{LABELS.get(name, name)}.** {draft_layers(arguments)}, "
+        out.append(f"- **{label(name)}.** {draft_layers(arguments)}, "
                    f"{num(arm['steps'], 'd')} steps on {num(arm['train_sequences'], 'd')} sequences "
                    f"({num(arm['train_answer_tokens'], 'd')} answer tokens; {coverage}"
                    f"held-out τ_prob {num(arm['final']['eval_tau_prob'])} on {num(arm['held_out_sequences'], 'd')} "
@@ -674,7 +704,7 @@ def section_training(out: list[str], figures: Path) -> None:
                      if "eval_tau_prob" in arm.get("final", {})), reverse=True)
     if len(ranked) > 1:
         out.append("At the last evaluation the arms rank " + " > ".join(
-            f"{LABELS.get(name, name)} ({num(tau)})" for tau, name in ranked) + " in held-out τ_prob.\n")
+            f"{label(name)} ({num(tau)})" for tau, name in ranked) + " in held-out τ_prob.\n")
     _figure_curve(arms, figures)
     out.append("![Held-out acceptance against training data](figures/tau_vs_tokens.png)\n")
     out.append("*Figure 2. Held-out τ_prob (the expected accepted length of T = 1 verification, bonus included) "
@@ -789,7 +819,7 @@ def _restarts_caption(arms: dict) -> str:
         # Each continuation restarts the schedule at the steps every run before it took.
         points = tuple(sum(r["arguments"]["steps"] for r in runs[:i]) for i in range(1, len(runs)))
         if points:
-            restarted.setdefault(points, []).append(LABELS.get(name, name))
+            restarted.setdefault(points, []).append(label(name))
 
     def listing(items: list[str]) -> str:
         return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
@@ -808,7 +838,7 @@ def _figure_curve(arms: dict, figures: Path) -> None:
     for name, arm in arms.items():
         curve = arm.get("curve") or []
         ax.plot([c["answer_tokens_seen"] / 1e3 for c in curve], [c["eval_tau_prob"] for c in curve], marker="o",
-                color=COLORS.get(name), label=LABELS.get(name, name))
+                color=COLORS.get(name), label=label(name))
     ax.set_xlabel("answer tokens trained on (thousands)")
     ax.set_ylabel("held-out τ_prob")
     ax.set_ylim(bottom=1.0)

@@ -93,6 +93,18 @@ def test_a_paired_gap_says_when_budgets_differ():
     assert "DSpark was trained for 4000 steps and DSpark, CE only for 1000" in ablation
 
 
+def test_dspark_is_compared_with_dflash_at_dflash_budget_when_an_earlier_checkpoint_was_decoded():
+    assert builder.label("dspark-steps8000") == "DSpark at 8000 steps"
+    assert builder.label("dspark-ce") == "DSpark, CE only"
+    equal = {"dspark": {"steps": 8000}, "dflash": {"steps": 8000}}
+    assert builder._at_budget_of(equal, ["dspark", "dflash"], "dflash") == "dspark"
+    longer = {"dspark": {"steps": 10000}, "dflash": {"steps": 8000}, "dspark-steps8000": {"steps": 8000}}
+    assert builder._at_budget_of(longer, ["dspark", "dflash", "dspark-steps8000"], "dflash") == "dspark-steps8000"
+    assert builder._at_budget_of(longer, ["dspark", "dflash"], "dflash") == "dspark"  # not decoded: no pairs
+    mislabelled = {**longer, "dspark-steps8000": {"steps": 6000}}
+    assert builder._at_budget_of(mislabelled, ["dspark", "dflash", "dspark-steps8000"], "dflash") == "dspark"
+
+
 def test_a_reweighted_loss_is_named_and_the_recipe_loss_is_not():
     assert builder.loss_difference({"ce_weight": None, "l1_weight": None}) == ""
     assert builder.loss_difference({}) == ""

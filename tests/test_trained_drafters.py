@@ -6,7 +6,8 @@ import os
 
 import pytest
 
-from benchmarks.trained import ARMS, COMMITTED, candidates, trained_at, trained_drafters
+import benchmarks.trained as trained
+from benchmarks.trained import ARMS, COMMITTED, candidates, equal_budget_drafters, trained_at, trained_drafters
 from dspark.checkpoint import shipped_drafter_dir
 
 
@@ -27,6 +28,20 @@ def test_the_cache_wins_and_every_arm_falls_back_to_a_committed_drafter(tmp_path
     cached = _drafter(tmp_path / "drafters" / "smollm2-135m-instruct-dflash", {})
     assert trained_drafters() == {**committed, "dflash": cached}
     assert set(committed) <= set(ARMS) and committed["dspark"] == shipped_drafter_dir()
+
+
+def test_the_dspark_drafter_at_dflash_budget_is_found_only_when_dspark_trained_longer(tmp_path, monkeypatch):
+    monkeypatch.setattr(trained, "COMMITTED", tmp_path / "committed")
+    dflash = _drafter(tmp_path / "dflash", {"steps": 8000})
+    longer = _drafter(tmp_path / "dspark", {"steps": 10000})
+    assert equal_budget_drafters({"dspark": longer, "dflash": dflash}) == {}  # no earlier drafter kept
+    earlier = _drafter(tmp_path / "committed" / f"{ARMS['dspark']}-steps8000", {"steps": 8000})
+    assert equal_budget_drafters({"dspark": longer, "dflash": dflash}) == {"dspark-steps8000": earlier}
+    same = _drafter(tmp_path / "dspark-same", {"steps": 8000})
+    assert equal_budget_drafters({"dspark": same, "dflash": dflash}) == {}
+    assert equal_budget_drafters({"dspark": longer}) == {}
+    _drafter(tmp_path / "committed" / f"{ARMS['dspark']}-steps6000", {"steps": 8000})  # misnamed: not trusted
+    assert equal_budget_drafters({"dspark": longer, "dflash": _drafter(tmp_path / "d6", {"steps": 6000})}) == {}
 
 
 def test_unknown_arm_is_refused():
