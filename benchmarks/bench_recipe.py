@@ -3,8 +3,10 @@ per phase and its held-out τ_prob against the answer tokens it had seen.
 
 Reads what ``python -m dspark train --config benchmarks/recipes/smollm2_drafter.json`` (and ``--objective dflash`` /
 ``eagle3``, and ``--ce-weight 1 --l1-weight 0``) wrote: the trained drafters (``benchmarks.trained``: cached, else
-committed), whose metadata holds the run, and the corpus's ``corpus.json``. Regeneration speed is compared with
-plain batch-1 generation by the same bf16 target on a few held-out prompts, measured here in one run. Writes
+committed), whose metadata holds the run, and the corpus's ``corpus.json``. The corpus was answered in other
+sessions, on a machine whose speed varies from day to day, so regeneration is also timed here: the same bf16
+target answers ``--regen-prompts`` pool prompts in one batch of the corpus's size (feature capture and writes
+included, to a scratch folder), in the same run as plain batch-1 generation on a few held-out prompts. Writes
 ``training_recipe.json``.
 
     python benchmarks/bench_recipe.py [--out benchmarks/results]
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -29,10 +32,12 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--recipe", type=Path, default=Path(__file__).parent / "recipes" / "smollm2_drafter.json")
     parser.add_argument("--batch1-prompts", type=int, default=3)
+    parser.add_argument("--regen-prompts", type=int, default=64,
+                        help="pool prompts answered here, beside batch-1 generation (default: one batch of 64)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    from dspark.corpus import load_corpus
-    from dspark.data import load_prompt_mix
+    from dspark.corpus import build_corpus, load_corpus
+    from dspark.data import load_prompt_mix, load_training_prompts
     from dspark.decoding import SamplingConfig, generate
     from dspark.target import cache_root, load_default_target
 
@@ -64,15 +69,24 @@ def main(argv=None) -> int:
     generate(target, prompts[:1], SamplingConfig(max_new_tokens=8, temperature=0.0))
     plain = [generate(target, [p], config) for p in prompts]
     batch1 = sum(r.new_tokens for r in plain) / sum(r.seconds for r in plain)
+    with tempfile.TemporaryDirectory() as scratch:
+        here = build_corpus(target, load_training_prompts(), scratch, max_new_tokens=recipe.get("max_new_tokens", 192),
+                            batch_size=runs[-1]["batch_size"], max_samples=args.regen_prompts, progress=False)
     regeneration = {"answer_tokens": corpus_tokens, "samples": len(samples), "timed_answer_tokens": answered,
                     "seconds": seconds, "tokens_per_s": answered / seconds,
                     "batch_size": runs[-1]["batch_size"], "runs": runs, "settings": corpus["settings"],
                     "batch1_generate_tokens_per_s": batch1, "speedup_over_batch1": answered / seconds / batch1,
+                    "same_run": {"prompts": here.samples_written, "answer_tokens": here.answer_tokens,
+                                 "seconds": here.seconds, "tokens_per_s": here.tokens_per_second,
+                                 "batch_size": runs[-1]["batch_size"],
+                                 "speedup_over_batch1": here.tokens_per_second / batch1},
                     "note": "tokens/s over whole timed runs (prefill, decoding, feature capture and writes), bf16 "
                             "target; runs may have shared the CPU with other work"}
     print(f"corpus: {len(samples)} samples, {corpus_tokens} answer tokens; regeneration: {answered} answer tokens "
           f"of timed runs in {seconds:.0f} s = {answered / seconds:.0f} tok/s "
-          f"({answered / seconds / batch1:.1f}x plain batch-1 generation, {batch1:.1f} tok/s)")
+          f"({answered / seconds / batch1:.1f}x plain batch-1 generation, {batch1:.1f} tok/s); answering "
+          f"{here.samples_written} prompts here: {here.tokens_per_second:.0f} tok/s, "
+          f"{here.tokens_per_second / batch1:.1f}x")
     for name, arm in arms.items():
         print(f"{name}: {arm['steps']} steps, final τ_prob {arm['final'].get('eval_tau_prob')}, "
               f"seconds {arm['run'].get('seconds')}")

@@ -684,7 +684,7 @@ def section_training(out: list[str], figures: Path) -> None:
                f"prefill and feature writes included, sharing the CPU with other work at times), "
                f"{num(regen['speedup_over_batch1'], '.1f')}× plain batch-1 generation by the same target "
                f"({num(regen['batch1_generate_tokens_per_s'], '.1f')} tokens/s, measured when this record was "
-               "collected, not beside the regeneration)." + rebuild_sentence())
+               "collected, not beside the regeneration)." + same_run_sentence(regen) + rebuild_sentence())
     for name, arm in arms.items():
         vocab = arm.get("vocab") or {}
         runs = training_runs(arm.get("run"))
@@ -809,6 +809,17 @@ def rebuild_sentence() -> str:
             "`benchmarks/bench_corpus.py`); the rebuilt features differ from the captured ones by "
             f"{num(100 * result['feature_error']['mean_abs_over_rms'], '.2f')}% of their RMS on average "
             "(bf16 rounding).")
+
+
+def same_run_sentence(regen: dict) -> str:
+    """Regeneration against batch-1 generation timed in one run (``bench_recipe``), if it was."""
+    here = regen.get("same_run")
+    if not here:
+        return ""
+    return (f" Timed in that same run, the target answered {num(here['prompts'], 'd')} pool prompts in batches of "
+            f"{num(here['batch_size'], 'd')} at {num(here['tokens_per_s'], '.0f')} answer tokens/s, features "
+            f"captured and written: {num(here['speedup_over_batch1'], '.1f')}× its batch-1 generation (with so few "
+            "prompts a batch mixes more lengths than the whole pool's did, so more of it is padding).")
 
 
 def _restarts_caption(arms: dict) -> str:
