@@ -449,7 +449,7 @@ def section_acceptance(out: list[str], figures: Path) -> None:
     dspark = _at_budget_of(meta, drafters, "dflash")
     cells = _paired_cells(rows, dspark, "dflash")
     if cells:
-        out.append(f"{label(dspark)}'s τ minus DFlash's, paired over the same prompts, with a 95% bootstrap "
+        out.append(f"The τ of {label(dspark)} minus DFlash's, paired over the same prompts, with a 95% bootstrap "
                    f"interval that resamples prompts: at T = 0 {cells[0.0]}; at T = 1 {cells[1.0]}. At T = 0 both "
                    "decode the target's greedy output, so only acceptance differs; at T = 1 the sampled outputs "
                    "differ too. An interval that contains 0 means these prompts cannot tell the two drafters apart."
