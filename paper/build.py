@@ -292,12 +292,19 @@ def continuation_sentence(run: dict | None) -> str:
     runs = training_runs(run)
     if len(runs) < 2:
         return ""
-    parts = [f"{num(r['arguments']['steps'], 'd')} more steps at a peak learning rate of "
-             f"{num(r['arguments']['lr'], 'g')}" for r in runs[1:]]
-    if len(parts) > 1 and len(set(parts)) == 1:
-        how = f"{ {2: 'twice', 3: 'three times'}.get(len(parts), f'{len(parts)} times')}, each time for {parts[0]}"
+    later = runs[1:]
+    times = {1: "once", 2: "twice", 3: "three times"}.get(len(later), f"{len(later)} times")
+    steps = [num(r["arguments"]["steps"], "d") for r in later]
+    rates = {r["arguments"]["lr"] for r in later}
+    if len(rates) == 1:
+        rate = f"at a peak learning rate of {num(rates.pop(), 'g')}"
+        if len(set(steps)) == 1:
+            how = f"{times}, {'each time ' if len(later) > 1 else ''}for {steps[0]} more steps {rate}"
+        else:
+            how = f"{times}, for {', '.join(steps[:-1])} and {steps[-1]} more steps, each {rate},"
     else:
-        how = "for " + " and ".join(parts)
+        how = "for " + " and ".join(f"{n} more steps at a peak learning rate of {num(r['arguments']['lr'], 'g')}"
+                                    for n, r in zip(steps, later))
     return (f" Its first {num(runs[0]['arguments']['steps'], 'd')} steps were the recipe's; it was then continued "
             + how + " over the same sequences (the learning-rate schedule restarted: warm-up, then "
             "cosine to 0; the data order and anchors picked up where training had stopped; AdamW's moments "

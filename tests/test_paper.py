@@ -105,6 +105,28 @@ def test_dspark_is_compared_with_dflash_at_dflash_budget_when_an_earlier_checkpo
     assert builder._at_budget_of(mislabelled, ["dspark", "dflash", "dspark-steps8000"], "dflash") == "dspark"
 
 
+def _continued(steps: list[int], rates: list[float]) -> dict:
+    run = {"arguments": {"steps": steps[0], "lr": rates[0]}}
+    for n, lr in zip(steps[1:], rates[1:]):
+        run = {"arguments": {"steps": n, "lr": lr}, "parent": {"run": run}}
+    return run
+
+
+def test_continuations_are_described_run_by_run():
+    assert builder.continuation_sentence(_continued([4000], [1e-3])) == ""
+    once = builder.continuation_sentence(_continued([4000, 2000], [1e-3, 5e-4]))
+    assert "continued once, for 2000 more steps at a peak learning rate of 0.0005 over" in once
+    twice = builder.continuation_sentence(_continued([4000, 2000, 2000], [1e-3, 5e-4, 5e-4]))
+    assert "continued twice, each time for 2000 more steps at a peak learning rate of 0.0005 over" in twice
+    uneven = builder.continuation_sentence(_continued([4000, 2000, 2000, 4000], [1e-3, 5e-4, 5e-4, 5e-4]))
+    assert "continued three times, for 2000, 2000 and 4000 more steps, each at a peak learning rate of 0.0005," \
+        in uneven
+    rates = builder.continuation_sentence(_continued([4000, 2000, 2000], [1e-3, 5e-4, 1e-4]))
+    assert "for 2000 more steps at a peak learning rate of 0.0005 and 2000 more steps at a peak learning rate of " \
+           "0.0001 over" in rates
+    assert rates.startswith(" Its first 4000 steps were the recipe's;")
+
+
 def test_a_reweighted_loss_is_named_and_the_recipe_loss_is_not():
     assert builder.loss_difference({"ce_weight": None, "l1_weight": None}) == ""
     assert builder.loss_difference({}) == ""
