@@ -5,7 +5,7 @@ Reads what ``python -m dspark train --config benchmarks/recipes/smollm2_drafter.
 ``eagle3``, and ``--ce-weight 1 --l1-weight 0``) wrote: the trained drafters (``benchmarks.trained``: cached, else
 committed), whose metadata holds the run, and the corpus's ``corpus.json``. The corpus was answered in other
 sessions, on a machine whose speed varies from day to day, so regeneration is also timed here: the same bf16
-target answers ``--regen-prompts`` pool prompts in one batch of the corpus's size (feature capture and writes
+target answers ``--regen-prompts`` pool prompts in batches of the corpus's size (feature capture and writes
 included, to a scratch folder), in the same run as plain batch-1 generation on a few held-out prompts. Writes
 ``training_recipe.json``.
 
