@@ -711,7 +711,8 @@ def section_training(out: list[str], figures: Path) -> None:
                      if "eval_tau_prob" in arm.get("final", {})), reverse=True)
     if len(ranked) > 1:
         out.append("At the last evaluation the arms rank " + " > ".join(
-            f"{label(name)} ({num(tau)})" for tau, name in ranked) + " in held-out τ_prob.\n")
+            f"{label(name)} ({num(tau)}, {num(arms[name]['steps'], 'd')} steps)" for tau, name in ranked)
+                   + " in held-out τ_prob." + _at_dflash_steps(arms) + "\n")
     _figure_curve(arms, figures)
     out.append("![Held-out acceptance against training data](figures/tau_vs_tokens.png)\n")
     out.append("*Figure 2. Held-out τ_prob (the expected accepted length of T = 1 verification, bonus included) "
@@ -816,6 +817,17 @@ def rebuild_sentence() -> str:
             "`benchmarks/bench_corpus.py`); the rebuilt features differ from the captured ones by "
             f"{num(100 * result['feature_error']['mean_abs_over_rms'], '.2f')}% of their RMS on average "
             "(bf16 rounding).")
+
+
+def _at_dflash_steps(arms: dict) -> str:
+    """DSpark's held-out τ_prob at DFlash's last step, when DSpark trained longer, or ""."""
+    if "dspark" not in arms or "dflash" not in arms or arms["dspark"]["steps"] <= arms["dflash"]["steps"]:
+        return ""
+    point = next((c for c in arms["dspark"].get("curve", []) if c["step"] == arms["dflash"]["steps"]), None)
+    if point is None:
+        return ""
+    return (f" At DFlash's {num(point['step'], 'd')} steps DSpark had {num(point['eval_tau_prob'])} against "
+            f"DFlash's {num(arms['dflash']['final']['eval_tau_prob'])}.")
 
 
 def same_run_sentence(regen: dict) -> str:

@@ -127,6 +127,15 @@ def test_continuations_are_described_run_by_run():
     assert rates.startswith(" Its first 4000 steps were the recipe's;")
 
 
+def test_dspark_trained_longer_is_also_read_at_dflash_steps():
+    dflash = {"steps": 8000, "final": {"eval_tau_prob": 1.6}}
+    longer = {"steps": 12000, "curve": [{"step": 8000, "eval_tau_prob": 1.8}, {"step": 12000, "eval_tau_prob": 1.9}]}
+    assert builder._at_dflash_steps({"dspark": longer, "dflash": dflash}) == \
+        " At DFlash's 8000 steps DSpark had 1.800 against DFlash's 1.600."
+    assert builder._at_dflash_steps({"dspark": {**longer, "steps": 8000}, "dflash": dflash}) == ""
+    assert builder._at_dflash_steps({"dspark": {**longer, "curve": []}, "dflash": dflash}) == ""
+
+
 def test_a_reweighted_loss_is_named_and_the_recipe_loss_is_not():
     assert builder.loss_difference({"ce_weight": None, "l1_weight": None}) == ""
     assert builder.loss_difference({}) == ""
