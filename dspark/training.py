@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from dspark._checks import check_tensor
+from dspark._checks import all_finite, check_tensor
 from dspark.checkpoint import load_drafter, read_checkpoint_config, write_drafter_files
 from dspark.drafter import DSparkDrafter
 from dspark.io import atomic_directory
@@ -235,7 +235,7 @@ class OfflineFeatures(FeatureSource):
         expected = (ids.shape[0], self.num_taps + 1, self.hidden_size)
         if tuple(states.shape) != expected:
             raise ValueError(f"{path}: hidden_states has shape {tuple(states.shape)}, expected {expected}")
-        if not bool(torch.isfinite(states).all()):
+        if not all_finite(states):
             raise ValueError(f"{path}: hidden_states contains NaN or Inf")
         states = states.float()
         return states[:, : self.num_taps].reshape(ids.shape[0], -1), states[:, -1]
