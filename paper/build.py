@@ -24,6 +24,8 @@ RESULTS = ROOT / "benchmarks" / "results"
 PAPER = Path(__file__).resolve().parent
 DOMAINS = ("math", "code", "chat")
 LABELS = {"dspark": "DSpark", "dflash": "DFlash", "eagle3": "EAGLE-3-style", "dspark-ce": "DSpark, CE only"}
+# The file name each arm's continuation configs start with, in benchmarks/recipes/.
+RECIPE_PREFIXES = {"dspark": "smollm2_drafter", "dflash": "smollm2_dflash", "dspark-ce": "smollm2_drafter_ce"}
 COLORS = {"dspark": "tab:red", "dflash": "tab:blue", "eagle3": "tab:green", "dspark-ce": "tab:purple"}
 # An earlier checkpoint of an arm, kept to compare arms at equal training budget: ``dspark-steps8000``.
 EARLIER = re.compile(r"(.+)-steps(\d+)")
@@ -217,6 +219,23 @@ def training_runs(run: dict | None) -> list[dict]:
         runs.insert(0, run)
         run = (run.get("parent") or {}).get("run")
     return runs
+
+
+def continuation_configs(arms: dict) -> str:
+    """The clause naming the configs that continued the arms. Each arm's first config ran its first two
+    passes over the data, so its k-th continuation is ``*_pass<k + 2>.json``; the arms that ran more
+    continuations than the others have their last config named (DSpark's is ``smollm2_drafter_pass<N>.json``)."""
+    last = {name: len(training_runs(arm.get("run"))) + 1 for name, arm in arms.items()
+            if len(training_runs(arm.get("run"))) > 1}
+    if not last:
+        return ""
+    shared = min(last.values())
+    configs = "`*_pass3.json`" if shared == 3 else f"`*_pass3.json` to `*_pass{shared}.json`"
+    longer = [f"{label(name)}'s up to `{RECIPE_PREFIXES.get(name, name)}_pass{n}.json`"
+              for name, n in last.items() if n > shared]
+    return (", then, for the arms continued past it, their continuation configs (`--config benchmarks/recipes/"
+            + configs.removeprefix("`") + (", and " + ", ".join(longer) if longer else "")
+            + ", each naming the drafter it continues)")
 
 
 def train_seconds(run: dict | None) -> float | None:
@@ -672,10 +691,7 @@ def section_training(out: list[str], figures: Path) -> None:
     regen, arms, recipe = result["regeneration"], result["arms"], result["recipe"]
     out.append("**How it was measured.** One command per arm, `python -m dspark train --config "
                "benchmarks/recipes/smollm2_drafter.json [--objective dflash|eagle3 | --ce-weight 1 --l1-weight 0]`"
-               + (", then, for the arms continued past it, their continuation configs (`--config "
-                  "benchmarks/recipes/*_pass3.json` and `*_pass4.json`, and DSpark's `smollm2_drafter_pass5.json`, "
-                  "each naming the drafter it continues)"
-                  if any(len(training_runs(arm.get("run"))) > 1 for arm in arms.values()) else "")
+               + continuation_configs(arms)
                + ", on this CPU; "
                "`benchmarks/bench_recipe.py` collects what the runs recorded. "
                f"Measured on {machine(result)}.\n")

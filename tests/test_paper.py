@@ -127,6 +127,26 @@ def test_continuations_are_described_run_by_run():
     assert rates.startswith(" Its first 4000 steps were the recipe's;")
 
 
+def test_continuation_configs_are_named_from_the_runs_each_arm_recorded():
+    def arms(**runs):
+        return {name: {"run": _continued([4000] + [2000] * (n - 1), [1e-3] + [5e-4] * (n - 1))}
+                for name, n in runs.items()}
+
+    assert builder.continuation_configs(arms(dspark=1, dflash=1)) == ""
+    assert "(`--config benchmarks/recipes/*_pass3.json`, each naming" in builder.continuation_configs(
+        arms(dspark=2, dflash=2, eagle3=1))
+    uneven = builder.continuation_configs(arms(dspark=5, dflash=3, eagle3=1))
+    assert "*_pass3.json` to `*_pass4.json`, and DSpark's up to `smollm2_drafter_pass6.json`, each" in uneven
+
+
+def test_the_continuation_configs_the_paper_names_are_committed():
+    arms = json.loads((ROOT / "benchmarks" / "results" / "training_recipe.json").read_text())["arms"]
+    named = re.findall(r"`([\w.]+_pass\d+\.json)`", builder.continuation_configs(arms))
+    assert named, "the recorded arms were continued, so their configs are named"
+    for name in named:
+        assert (ROOT / "benchmarks" / "recipes" / name).is_file(), f"the paper names {name}, which is not committed"
+
+
 def test_dspark_trained_longer_is_also_read_at_dflash_steps():
     dflash = {"steps": 8000, "final": {"eval_tau_prob": 1.6}}
     longer = {"steps": 12000, "curve": [{"step": 8000, "eval_tau_prob": 1.8}, {"step": 12000, "eval_tau_prob": 1.9}]}
