@@ -10,14 +10,21 @@ drafts``); acceptance by position is given both conditional (the paper's Fig. 2)
 prompt by prompt (the paper's paired interval), and how often a drafted token repeats the slot before it, beside how
 often the decoded output does. Writes ``benchmarks/results/acceptance_cpu.json``.
 
-    python benchmarks/bench_acceptance.py [--prompts-per-domain 8] [--max-new-tokens 64]
+``--reuse FILE`` keeps an earlier run's rows for each drafter that is unchanged (the same training metadata,
+decoded on the same prompts with the same settings and torch version) instead of decoding it again, and records
+at which commit and date those rows were decoded (``reused``). Re-training one arm then re-decodes only that arm.
+
+    python benchmarks/bench_acceptance.py [--prompts-per-domain 8] [--max-new-tokens 64] [--reuse FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
+
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -36,6 +43,37 @@ def _repeat_rate(outputs: list[list[int]]) -> float:
     return sum(pairs) / len(pairs) if pairs else float("nan")
 
 
+def _canonical(value) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
+def reusable_rows(earlier: dict, settings: dict, metadata: dict[str, dict], temperatures: list[float],
+                  prompts_per_domain: int) -> dict[str, tuple[list[dict], dict]]:
+    """The rows of ``earlier`` (an acceptance result) that this run would decode again: ``{name: (rows,
+    provenance)}`` for each drafter whose training ``metadata`` the earlier run recorded unchanged, when that run
+    used the same ``settings`` (offset, new tokens, torch version) and holds a row for every temperature and domain,
+    each over ``prompts_per_domain`` prompts. ``provenance`` is the commit and date those rows were decoded at,
+    carried over when the earlier run had itself reused them."""
+    environment = earlier.get("environment", {})
+    had = {"offset": earlier.get("offset"), "max_new_tokens": earlier.get("max_new_tokens"),
+           "torch": environment.get("torch")}
+    if had != settings:
+        return {}
+    wanted = {(float(t), d) for t in temperatures for d in DOMAINS}
+    kept = {}
+    for name, meta in metadata.items():
+        if _canonical(earlier.get("drafter_metadata", {}).get(name)) != _canonical(meta):
+            continue
+        rows = [r for r in earlier.get("rows", []) if r["drafter"] == name]
+        cells = {(float(r["temperature"]), r["domain"]) for r in rows}
+        if cells != wanted or len(rows) != len(wanted) or any(r["prompts"] != prompts_per_domain for r in rows):
+            continue
+        provenance = earlier.get("reused", {}).get(name) or {"commit": environment.get("commit"),
+                                                            "date": environment.get("date")}
+        kept[name] = (rows, provenance)
+    return kept
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--drafters", nargs="*", default=None,
@@ -45,6 +83,8 @@ def main(argv=None) -> int:
     parser.add_argument("--offset", type=int, default=50, help="first prompt index of each domain")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    parser.add_argument("--reuse", type=Path, default=None,
+                        help="an earlier acceptance_cpu.json whose rows of unchanged drafters are kept")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     if args.drafters:
@@ -57,8 +97,18 @@ def main(argv=None) -> int:
     target = load_default_target()
     prompts = {d: [target.encode_chat(p.text) for p in
                    load_prompts(d)[args.offset: args.offset + args.prompts_per_domain]] for d in DOMAINS}
+    metadata = {name: load_drafter(directory, target).metadata for name, directory in drafters.items()}
+    reused = {}
+    if args.reuse is not None:
+        settings = {"offset": args.offset, "max_new_tokens": args.max_new_tokens, "torch": torch.__version__}
+        reused = reusable_rows(json.loads(args.reuse.read_text(encoding="utf-8")), settings, metadata,
+                               args.temperatures, args.prompts_per_domain)
     rows = []
     for name, directory in drafters.items():
+        if name in reused:
+            rows.extend(reused[name][0])
+            print(f"{name:7s} unchanged since {reused[name][1]['commit']}: its rows are kept from {args.reuse}")
+            continue
         drafter = load_drafter(directory, target)
         for temperature in args.temperatures:
             for domain in DOMAINS:
@@ -76,8 +126,8 @@ def main(argv=None) -> int:
                       f"cond={[round(x, 2) for x in row['conditional_acceptance']]}")
     write_result("acceptance_cpu", {"max_new_tokens": args.max_new_tokens, "offset": args.offset,
                                     "drafters": {k: str(v) for k, v in drafters.items()},
-                                    "drafter_metadata": {k: load_drafter(v, target).metadata
-                                                         for k, v in drafters.items()},
+                                    "drafter_metadata": metadata,
+                                    "reused": {name: provenance for name, (_, provenance) in reused.items()},
                                     "rows": rows}, args.out)
     return 0
 

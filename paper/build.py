@@ -373,6 +373,22 @@ def committed_recipe() -> dict:
     return json.loads((ROOT / "benchmarks" / "recipes" / "smollm2_drafter.json").read_text(encoding="utf-8"))
 
 
+def reused_sentence(result: dict) -> str:
+    """Which drafters' rows an acceptance run kept from an earlier run (``--reuse``) and when those were decoded,
+    followed by a space; empty when every drafter was decoded in this run."""
+    by_commit: dict[str, list[str]] = {}
+    for name, provenance in result.get("reused", {}).items():
+        by_commit.setdefault(f"commit {provenance['commit']} ({provenance['date'][:10]})", []).append(label(name))
+    if not by_commit:
+        return ""
+    for provenance in result["reused"].values():  # a commit of digits only, and the date, would read as numbers
+        printed.add(provenance["commit"].split("-")[0])
+        printed.update(provenance["date"][:10].split("-"))
+    kept = "; ".join(f"{', '.join(names)} at {where}" for where, names in by_commit.items())
+    return (f"Drafters that did not change since an earlier run were not decoded again; their rows are that run's "
+            f"(`--reuse`), decoded on the same prompts with the same settings: {kept}. ")
+
+
 def machine(result: dict) -> str:
     env = result["environment"]
     cpu = env.get("cpu_model") or env["processor"]
@@ -439,7 +455,7 @@ def section_acceptance(out: list[str], figures: Path) -> None:
                "slot verified (no scheduler); τ counts the bonus token. The drafters were trained by the recipe of §2 "
                "on target-answered ShareGPT sequences with γ = 7; each one's layers, steps and data are listed "
                f"below the table. {eagle3_budget_sentence(result.get('drafter_metadata', {}))}"
-               f"Measured on {machine(result)}.\n")
+               f"{reused_sentence(result)}Measured on {machine(result)}.\n")
     out.append(stale_note(result, f"the drafters of {acceptance_steps(result)} steps"))
     out.append("| drafter | T | math τ | code τ | chat τ | paper (Qwen3-4B, T = 1): GSM8K / HumanEval / MT-Bench |")
     out.append("|---|---|---|---|---|---|")

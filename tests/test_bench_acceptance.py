@@ -1,0 +1,56 @@
+"""bench_acceptance --reuse keeps an earlier run's rows only for drafters and settings that did not change."""
+
+import copy
+
+import paper.build as builder
+from benchmarks.bench_acceptance import reusable_rows
+from dspark.data import DOMAINS
+
+SETTINGS = {"offset": 50, "max_new_tokens": 64, "torch": "2.13.0+cpu"}
+TEMPERATURES = [0.0, 1.0]
+
+
+def _earlier(**metadata) -> dict:
+    rows = [{"drafter": name, "temperature": t, "domain": d, "prompts": 24, "tau": 1.5}
+            for name in metadata for t in TEMPERATURES for d in DOMAINS]
+    return {"environment": {"torch": "2.13.0+cpu", "commit": "abc1234", "date": "2026-12-04T02:00:53+00:00"},
+            "offset": 50, "max_new_tokens": 64, "drafter_metadata": metadata, "rows": rows}
+
+
+def test_only_unchanged_drafters_are_reused_with_the_commit_they_were_decoded_at():
+    earlier = _earlier(dflash={"steps": 8000, "curve": [1, 2]}, dspark={"steps": 12000})
+    now = {"dflash": {"curve": [1, 2], "steps": 8000}, "dspark": {"steps": 20000}, "eagle3": {"steps": 2000}}
+    kept = reusable_rows(earlier, SETTINGS, now, TEMPERATURES, 24)
+    assert set(kept) == {"dflash"}
+    rows, provenance = kept["dflash"]
+    assert len(rows) == 6 and {r["drafter"] for r in rows} == {"dflash"}
+    assert provenance == {"commit": "abc1234", "date": "2026-12-04T02:00:53+00:00"}
+
+
+def test_rows_reused_twice_keep_their_first_provenance():
+    earlier = _earlier(dflash={"steps": 8000})
+    earlier["reused"] = {"dflash": {"commit": "0ld0001", "date": "2026-12-01T00:00:00+00:00"}}
+    kept = reusable_rows(earlier, SETTINGS, {"dflash": {"steps": 8000}}, TEMPERATURES, 24)
+    assert kept["dflash"][1]["commit"] == "0ld0001"
+
+
+def test_nothing_is_reused_when_settings_prompts_or_cells_differ():
+    earlier = _earlier(dflash={"steps": 8000})
+    now = {"dflash": {"steps": 8000}}
+    for changed in ({"offset": 0}, {"max_new_tokens": 128}, {"torch": "2.11.0"}):
+        assert reusable_rows(earlier, {**SETTINGS, **changed}, now, TEMPERATURES, 24) == {}
+    assert reusable_rows(earlier, SETTINGS, now, TEMPERATURES, 8) == {}
+    assert reusable_rows(earlier, SETTINGS, now, [0.0, 0.7], 24) == {}
+    missing = copy.deepcopy(earlier)
+    missing["rows"] = [r for r in missing["rows"] if r["domain"] != "code"]
+    assert reusable_rows(missing, SETTINGS, now, TEMPERATURES, 24) == {}
+    assert reusable_rows(earlier, SETTINGS, now, [0.0], 24) == {}  # a row this run would not decode
+
+
+def test_the_paper_says_which_rows_were_reused_and_when():
+    assert builder.reused_sentence({"rows": []}) == ""
+    result = {"reused": {"dflash": {"commit": "abc1234", "date": "2026-12-04T02:00:53+00:00"},
+                         "eagle3": {"commit": "abc1234", "date": "2026-12-04T02:00:53+00:00"}}}
+    sentence = builder.reused_sentence(result)
+    assert "DFlash, EAGLE-3-style at commit abc1234 (2026-12-04)" in sentence
+    assert {"2026", "12", "04"} <= builder.printed
