@@ -5,14 +5,14 @@ wrote to the dspark cache wins; otherwise the committed one is used: the DSpark 
 package, the baselines under ``benchmarks/drafters/``, so the comparisons can be re-run on a fresh checkout
 without retraining.
 
-The arms: ``dspark`` (the recipe, then a third and a fourth pass over its data, and a fifth and sixth in one
-schedule: ``smollm2_drafter_pass3.json`` to ``smollm2_drafter_pass5.json``), ``dflash`` and ``eagle3`` (its
-``--objective`` baselines; DFlash continued for a third and a fourth pass), and ``dspark-ce``, the DSpark drafter
-trained on cross-entropy alone (``--ce-weight 1 --l1-weight 0``, continued by ``smollm2_drafter_ce_pass3.json``
-and ``smollm2_drafter_ce_pass4.json``): the DSpark architecture with DFlash's loss, which separates what the
-Markov head adds from what the L1 term adds. Each continued arm's earlier drafters are committed as
-``<name>-steps<N>``: :func:`equal_budget_drafters` finds the DSpark one at DFlash's steps, so the two can still
-be compared at equal training budget.
+The arms: ``dspark`` (the recipe, then a third and a fourth pass over its data, a fifth and sixth in one
+schedule, and four more in another: ``smollm2_drafter_pass3.json`` to ``smollm2_drafter_pass6.json``),
+``dflash`` and ``eagle3`` (its ``--objective`` baselines; DFlash continued for a third and a fourth pass), and
+``dspark-ce``, the DSpark drafter trained on cross-entropy alone (``--ce-weight 1 --l1-weight 0``, continued by
+``smollm2_drafter_ce_pass3.json`` and ``smollm2_drafter_ce_pass4.json``): the DSpark architecture with DFlash's
+loss, which separates what the Markov head adds from what the L1 term adds. Each continued arm's earlier drafters
+are committed as ``<name>-steps<N>``: :func:`equal_budget_drafters` finds the DSpark one at DFlash's steps, so the
+two can still be compared at equal training budget.
 """
 
 from __future__ import annotations
