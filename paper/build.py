@@ -312,7 +312,7 @@ def continuation_sentence(run: dict | None) -> str:
     if len(runs) < 2:
         return ""
     later = runs[1:]
-    times = {1: "once", 2: "twice", 3: "three times"}.get(len(later), f"{len(later)} times")
+    times = {1: "once", 2: "twice", 3: "three times", 4: "four times"}.get(len(later), f"{len(later)} times")
     steps = [num(r["arguments"]["steps"], "d") for r in later]
     rates = {r["arguments"]["lr"] for r in later}
     if len(rates) == 1:
@@ -321,9 +321,16 @@ def continuation_sentence(run: dict | None) -> str:
             how = f"{times}, {'each time ' if len(later) > 1 else ''}for {steps[0]} more steps {rate}"
         else:
             how = f"{times}, for {', '.join(steps[:-1])} and {steps[-1]} more steps, each {rate},"
-    else:
-        how = "for " + " and ".join(f"{n} more steps at a peak learning rate of {num(r['arguments']['lr'], 'g')}"
-                                    for n, r in zip(steps, later))
+    else:  # consecutive runs at one rate are told together: "for 2000 and 4000 more steps at …, then for …"
+        groups: list[tuple[float, list[str]]] = []
+        for n, r in zip(steps, later):
+            if groups and groups[-1][0] == r["arguments"]["lr"]:
+                groups[-1][1].append(n)
+            else:
+                groups.append((r["arguments"]["lr"], [n]))
+        how = f"{times}, " + ", then ".join(
+            f"for {', '.join(ns[:-1]) + ' and ' if len(ns) > 1 else ''}{ns[-1]} more steps at a peak learning rate "
+            f"of {num(lr, 'g')}" for lr, ns in groups) + ","
     return (f" Its first {num(runs[0]['arguments']['steps'], 'd')} steps were the recipe's; it was then continued "
             + how + " over the same sequences (the learning-rate schedule restarted: warm-up, then "
             "cosine to 0; the data order and anchors picked up where training had stopped; AdamW's moments "
@@ -384,9 +391,10 @@ def reused_sentence(result: dict) -> str:
     for provenance in result["reused"].values():  # a commit of digits only, and the date, would read as numbers
         printed.add(provenance["commit"].split("-")[0])
         printed.update(provenance["date"][:10].split("-"))
-    kept = "; ".join(f"{', '.join(names)} at {where}" for where, names in by_commit.items())
+    # Labels can hold commas ("DSpark, CE only"), so the drafters of one commit are listed with semicolons.
+    kept = " ".join(f"At {where}: {'; '.join(names)}." for where, names in by_commit.items())
     return (f"Drafters that did not change since an earlier run were not decoded again; their rows are that run's "
-            f"(`--reuse`), decoded on the same prompts with the same settings: {kept}. ")
+            f"(`--reuse`), decoded on the same prompts with the same settings. {kept} ")
 
 
 def machine(result: dict) -> str:

@@ -52,5 +52,5 @@ def test_the_paper_says_which_rows_were_reused_and_when():
     result = {"reused": {"dflash": {"commit": "abc1234", "date": "2026-12-04T02:00:53+00:00"},
                          "eagle3": {"commit": "abc1234", "date": "2026-12-04T02:00:53+00:00"}}}
     sentence = builder.reused_sentence(result)
-    assert "DFlash, EAGLE-3-style at commit abc1234 (2026-12-04)" in sentence
+    assert "At commit abc1234 (2026-12-04): DFlash; EAGLE-3-style." in sentence
     assert {"2026", "12", "04"} <= builder.printed

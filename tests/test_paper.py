@@ -122,8 +122,11 @@ def test_continuations_are_described_run_by_run():
     assert "continued three times, for 2000, 2000 and 4000 more steps, each at a peak learning rate of 0.0005," \
         in uneven
     rates = builder.continuation_sentence(_continued([4000, 2000, 2000], [1e-3, 5e-4, 1e-4]))
-    assert "for 2000 more steps at a peak learning rate of 0.0005 and 2000 more steps at a peak learning rate of " \
-           "0.0001 over" in rates
+    assert "continued twice, for 2000 more steps at a peak learning rate of 0.0005, then for 2000 more steps at a " \
+           "peak learning rate of 0.0001, over" in rates
+    grouped = builder.continuation_sentence(_continued([4000, 2000, 2000, 4000, 8000], [1e-3, 5e-4, 5e-4, 5e-4, 4e-4]))
+    assert "continued four times, for 2000, 2000 and 4000 more steps at a peak learning rate of 0.0005, then for " \
+           "8000 more steps at a peak learning rate of 0.0004, over" in grouped
     assert rates.startswith(" Its first 4000 steps were the recipe's;")
 
 
