@@ -225,17 +225,16 @@ def continuation_configs(arms: dict) -> str:
     """The clause naming the configs that continued the arms. Each arm's first config ran its first two
     passes over the data, so its k-th continuation is ``*_pass<k + 2>.json``; the arms that ran more
     continuations than the others have their last config named (DSpark's is ``smollm2_drafter_pass<N>.json``)."""
-    last = {name: len(training_runs(arm.get("run"))) + 1 for name, arm in arms.items()
-            if len(training_runs(arm.get("run"))) > 1}
+    runs = {name: len(training_runs(arm.get("run"))) for name, arm in arms.items()}
+    last = {name: n + 1 for name, n in runs.items() if n > 1}
     if not last:
         return ""
     shared = min(last.values())
-    configs = "`*_pass3.json`" if shared == 3 else f"`*_pass3.json` to `*_pass{shared}.json`"
+    configs = "*_pass3.json`" if shared == 3 else f"*_pass3.json` to `*_pass{shared}.json`"
     longer = [f"{label(name)}'s up to `{RECIPE_PREFIXES.get(name, name)}_pass{n}.json`"
               for name, n in last.items() if n > shared]
     return (", then, for the arms continued past it, their continuation configs (`--config benchmarks/recipes/"
-            + configs.removeprefix("`") + (", and " + ", ".join(longer) if longer else "")
-            + ", each naming the drafter it continues)")
+            + configs + (", and " + ", ".join(longer) if longer else "") + ", each naming the drafter it continues)")
 
 
 def train_seconds(run: dict | None) -> float | None:
@@ -385,12 +384,12 @@ def reused_sentence(result: dict) -> str:
     followed by a space; empty when every drafter was decoded in this run."""
     by_commit: dict[str, list[str]] = {}
     for name, provenance in result.get("reused", {}).items():
-        by_commit.setdefault(f"commit {provenance['commit']} ({provenance['date'][:10]})", []).append(label(name))
+        day = provenance["date"][:10]
+        by_commit.setdefault(f"commit {provenance['commit']} ({day})", []).append(label(name))
+        printed.add(provenance["commit"].split("-")[0])  # a commit of digits only, and the date, read as numbers
+        printed.update(day.split("-"))
     if not by_commit:
         return ""
-    for provenance in result["reused"].values():  # a commit of digits only, and the date, would read as numbers
-        printed.add(provenance["commit"].split("-")[0])
-        printed.update(provenance["date"][:10].split("-"))
     # Labels can hold commas ("DSpark, CE only"), so the drafters of one commit are listed with semicolons.
     kept = " ".join(f"At {where}: {'; '.join(names)}." for where, names in by_commit.items())
     return (f"Drafters that did not change since an earlier run were not decoded again; their rows are that run's "
