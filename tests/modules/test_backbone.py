@@ -4,7 +4,7 @@ from dspark.reference.backbone import draft_forward
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dspark import BlockBackbone, DSparkDrafter
+from dspark import BlockBackbone, DraftOutput, DSparkDrafter
 from dspark.testing import assert_close, assert_close_float64, randomize_, tiny_config
 
 
@@ -130,10 +130,16 @@ def test_speculators_parameter_names():
     assert not model.embed_tokens.weight.requires_grad and not model.lm_head.weight.requires_grad
 
 
-def test_drafter_training_logits_align_with_inference_draft():
-    """Teacher-forced logits at the drafted tokens equal the distributions the inference path samples."""
-    config = tiny_config(markov_head_type="gated")
+@pytest.mark.parametrize("draft_vocab_size", [None, 11], ids=["full vocabulary", "reduced vocabulary"])
+def test_drafter_training_logits_align_with_inference_draft(draft_vocab_size):
+    """Teacher-forced logits at the drafted tokens equal the distributions the inference path samples; with a
+    reduced vocabulary, over the draft ids mapped into the target vocabulary, and the confidence head reads the
+    drafted tokens as target ids."""
+    config = tiny_config(markov_head_type="gated", confidence_head_with_markov=True,
+                         draft_vocab_size=draft_vocab_size)
     model = randomize_(DSparkDrafter(config), 9).double()
+    if draft_vocab_size is not None:
+        model.set_draft_vocab(torch.randperm(37, generator=torch.Generator().manual_seed(3))[:11].sort().values)
     batch, seq = 2, 7
     gen = torch.Generator().manual_seed(10)
     features = torch.randn(batch, seq, config.num_taps * config.hidden_size, generator=gen, dtype=torch.float64)
@@ -143,7 +149,12 @@ def test_drafter_training_logits_align_with_inference_draft():
     out = model.draft(anchors, cache, torch.rand(batch, config.block_size, generator=gen, dtype=torch.float64))
     logits, conf = model.training_logits(anchors[:, None], torch.full((batch, 1), seq), features,
                                          out.tokens[:, None, :-1])
-    assert_close_float64(out.draft_probs, torch.softmax(logits[:, 0], -1).detach(), name="draft probs")
+    probs = torch.softmax(logits[:, 0], -1).detach()
+    if draft_vocab_size is not None:
+        assert bool(torch.isin(out.tokens, model.draft_to_target).all())
+        full = torch.zeros(batch, config.block_size, config.vocab_size, dtype=probs.dtype)
+        probs = full.index_copy_(-1, model.draft_to_target, probs)
+    assert_close_float64(out.draft_probs, probs, name="draft probs")
     assert_close_float64(out.confidence_logits, conf[:, 0].detach(), name="confidence logits")
     assert_close_float64(out.survival, torch.sigmoid(conf[:, 0]).cumprod(-1).detach(), name="survival")
 
@@ -163,3 +174,24 @@ def test_bad_backbone_input_raises(call, message):
     features = torch.zeros(1, 6, config.num_taps * config.hidden_size, dtype=torch.float64)
     with pytest.raises(ValueError, match=message):
         call(model, features)
+
+
+def test_draft_output_builds_target_distributions_on_first_read():
+    gen = torch.Generator().manual_seed(4)
+    probs = torch.softmax(torch.randn(2, 3, 5, generator=gen), -1)
+    mapping = torch.tensor([0, 2, 3, 7, 9])
+    tokens = mapping[torch.randint(0, 5, (2, 3), generator=gen)]
+    out = DraftOutput(tokens, probs, draft_to_target=mapping, vocab_size=10)
+    full = out.draft_probs
+    assert full.shape == (2, 3, 10) and out.draft_probs is full
+    assert torch.equal(full[..., mapping], probs)
+    assert float(full[..., [1, 4, 5, 6, 8]].abs().sum()) == 0
+    assert DraftOutput(out.tokens, probs).draft_probs is probs
+
+
+def test_draft_output_rejects_a_mapping_that_does_not_fit():
+    probs = torch.full((1, 2, 4), 0.25)
+    with pytest.raises(ValueError, match="go together"):
+        DraftOutput(torch.zeros(1, 2, dtype=torch.long), probs, draft_to_target=torch.arange(4))
+    with pytest.raises(ValueError, match="maps 3 draft ids"):
+        DraftOutput(torch.zeros(1, 2, dtype=torch.long), probs, draft_to_target=torch.arange(3), vocab_size=9)
