@@ -49,6 +49,13 @@ class DraftOutput:
             self._draft_to_target = None
         return self._probs
 
+    def __repr__(self) -> str:
+        vocab = self._vocab_size or self._probs.shape[-1]
+        parts = [f"tokens {list(self.tokens.shape)}", f"draft_probs {[*self._probs.shape[:-1], vocab]}"]
+        if self.confidence is not None:
+            parts.append(f"confidence {list(self.confidence.shape)}")
+        return f"DraftOutput({', '.join(parts)})"
+
 
 class DSparkDrafter(BlockBackbone):
     """A DSpark drafter. Its ``state_dict`` uses speculators' tensor names (method.md §10).

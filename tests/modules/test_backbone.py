@@ -182,6 +182,7 @@ def test_draft_output_builds_target_distributions_on_first_read():
     mapping = torch.tensor([0, 2, 3, 7, 9])
     tokens = mapping[torch.randint(0, 5, (2, 3), generator=gen)]
     out = DraftOutput(tokens, probs, draft_to_target=mapping, vocab_size=10)
+    assert repr(out) == "DraftOutput(tokens [2, 3], draft_probs [2, 3, 10])"
     full = out.draft_probs
     assert full.shape == (2, 3, 10) and out.draft_probs is full
     assert torch.equal(full[..., mapping], probs)
