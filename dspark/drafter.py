@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from dspark._checks import check_tensor
@@ -11,6 +13,7 @@ from dspark.config import DSparkConfig
 from dspark.markov import MarkovHead, previous_tokens, sample_block
 
 
+@dataclass
 class DraftOutput:
     """One drafted block per request.
 
@@ -19,42 +22,13 @@ class DraftOutput:
         draft_probs: ``[R, γ, V]`` the distributions they were sampled from, over the target vocabulary
             (zero outside a reduced draft vocabulary).
         confidence_logits, confidence, survival: ``[R, γ]``, or ``None`` without a confidence head.
-
-    With a reduced draft vocabulary pass ``draft_probs [R, γ, V_draft]`` with ``draft_to_target [V_draft]`` and
-    ``vocab_size`` V: the target-vocabulary distributions are built on first read, since greedy verification
-    reads only the tokens and would otherwise pay for an ``[R, γ, V]`` scatter every round.
     """
 
-    def __init__(self, tokens: torch.Tensor, draft_probs: torch.Tensor, confidence_logits: torch.Tensor | None = None,
-                 confidence: torch.Tensor | None = None, survival: torch.Tensor | None = None, *,
-                 draft_to_target: torch.Tensor | None = None, vocab_size: int | None = None):
-        if (draft_to_target is None) != (vocab_size is None):
-            raise ValueError("draft_to_target and vocab_size go together: give both for a reduced draft vocabulary")
-        if draft_to_target is not None and draft_probs.shape[-1] != draft_to_target.shape[0]:
-            raise ValueError(f"draft_probs have {draft_probs.shape[-1]} entries per row but draft_to_target maps "
-                             f"{draft_to_target.shape[0]} draft ids")
-        self.tokens = tokens
-        self.confidence_logits = confidence_logits
-        self.confidence = confidence
-        self.survival = survival
-        self._probs = draft_probs
-        self._draft_to_target = draft_to_target
-        self._vocab_size = vocab_size
-
-    @property
-    def draft_probs(self) -> torch.Tensor:
-        if self._draft_to_target is not None:
-            full = self._probs.new_zeros(*self._probs.shape[:-1], self._vocab_size)
-            self._probs = full.index_copy_(-1, self._draft_to_target, self._probs)
-            self._draft_to_target = None
-        return self._probs
-
-    def __repr__(self) -> str:
-        vocab = self._vocab_size or self._probs.shape[-1]
-        parts = [f"tokens {list(self.tokens.shape)}", f"draft_probs {[*self._probs.shape[:-1], vocab]}"]
-        if self.confidence is not None:
-            parts.append(f"confidence {list(self.confidence.shape)}")
-        return f"DraftOutput({', '.join(parts)})"
+    tokens: torch.Tensor
+    draft_probs: torch.Tensor
+    confidence_logits: torch.Tensor | None = None
+    confidence: torch.Tensor | None = None
+    survival: torch.Tensor | None = None
 
 
 class DSparkDrafter(BlockBackbone):
@@ -187,17 +161,18 @@ class DSparkDrafter(BlockBackbone):
             base_logits, hidden, anchor_ids, uniforms, weights,
             temperature=temperature, top_k=top_k, top_p=top_p, draft_to_target=mapping, backend=backend,
         )
-        if mapping is None:
-            out = DraftOutput(tokens, draft_probs)
-        else:  # the verifier reads target ids, and distributions over the target vocabulary
-            out = DraftOutput(mapping[tokens], draft_probs, draft_to_target=mapping, vocab_size=self.config.vocab_size)
+        if mapping is not None:  # hand the verifier target ids and distributions over the target vocabulary
+            tokens = mapping[tokens]
+            full = draft_probs.new_zeros(*draft_probs.shape[:2], self.config.vocab_size)
+            draft_probs = full.index_copy_(-1, mapping, draft_probs)
+        out = DraftOutput(tokens, draft_probs)
         if self.config.enable_confidence_head:
             head = self.confidence_head
             out.confidence_logits, out.confidence, out.survival = confidence_survival(
                 hidden,
                 head.proj.weight,
                 head.proj.bias,
-                previous_tokens(anchor_ids, out.tokens) if head.markov_rank else None,
+                previous_tokens(anchor_ids, tokens) if head.markov_rank else None,
                 self.markov_head.markov_w1.weight if head.markov_rank else None,
                 self.sts_temperatures,
                 backend=backend,

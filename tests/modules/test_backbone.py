@@ -4,7 +4,7 @@ from dspark.reference.backbone import draft_forward
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dspark import BlockBackbone, DraftOutput, DSparkDrafter
+from dspark import BlockBackbone, DSparkDrafter
 from dspark.testing import assert_close, assert_close_float64, randomize_, tiny_config
 
 
@@ -175,24 +175,3 @@ def test_bad_backbone_input_raises(call, message):
     with pytest.raises(ValueError, match=message):
         call(model, features)
 
-
-def test_draft_output_builds_target_distributions_on_first_read():
-    gen = torch.Generator().manual_seed(4)
-    probs = torch.softmax(torch.randn(2, 3, 5, generator=gen), -1)
-    mapping = torch.tensor([0, 2, 3, 7, 9])
-    tokens = mapping[torch.randint(0, 5, (2, 3), generator=gen)]
-    out = DraftOutput(tokens, probs, draft_to_target=mapping, vocab_size=10)
-    assert repr(out) == "DraftOutput(tokens [2, 3], draft_probs [2, 3, 10])"
-    full = out.draft_probs
-    assert full.shape == (2, 3, 10) and out.draft_probs is full
-    assert torch.equal(full[..., mapping], probs)
-    assert float(full[..., [1, 4, 5, 6, 8]].abs().sum()) == 0
-    assert DraftOutput(out.tokens, probs).draft_probs is probs
-
-
-def test_draft_output_rejects_a_mapping_that_does_not_fit():
-    probs = torch.full((1, 2, 4), 0.25)
-    with pytest.raises(ValueError, match="go together"):
-        DraftOutput(torch.zeros(1, 2, dtype=torch.long), probs, draft_to_target=torch.arange(4))
-    with pytest.raises(ValueError, match="maps 3 draft ids"):
-        DraftOutput(torch.zeros(1, 2, dtype=torch.long), probs, draft_to_target=torch.arange(3), vocab_size=9)
