@@ -311,7 +311,8 @@ def continuation_sentence(run: dict | None) -> str:
     if len(runs) < 2:
         return ""
     later = runs[1:]
-    times = {1: "once", 2: "twice", 3: "three times", 4: "four times"}.get(len(later), f"{len(later)} times")
+    times = {1: "once", 2: "twice", 3: "three times", 4: "four times", 5: "five times", 6: "six times"}.get(
+        len(later), f"{len(later)} times")
     steps = [num(r["arguments"]["steps"], "d") for r in later]
     rates = {r["arguments"]["lr"] for r in later}
     if len(rates) == 1:

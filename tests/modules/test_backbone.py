@@ -139,7 +139,8 @@ def test_drafter_training_logits_align_with_inference_draft(draft_vocab_size):
                          draft_vocab_size=draft_vocab_size)
     model = randomize_(DSparkDrafter(config), 9).double()
     if draft_vocab_size is not None:
-        model.set_draft_vocab(torch.randperm(37, generator=torch.Generator().manual_seed(3))[:11].sort().values)
+        ids = torch.randperm(config.vocab_size, generator=torch.Generator().manual_seed(3))[:draft_vocab_size]
+        model.set_draft_vocab(ids.sort().values)
     batch, seq = 2, 7
     gen = torch.Generator().manual_seed(10)
     features = torch.randn(batch, seq, config.num_taps * config.hidden_size, generator=gen, dtype=torch.float64)
@@ -174,4 +175,3 @@ def test_bad_backbone_input_raises(call, message):
     features = torch.zeros(1, 6, config.num_taps * config.hidden_size, dtype=torch.float64)
     with pytest.raises(ValueError, match=message):
         call(model, features)
-
