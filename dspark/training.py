@@ -26,6 +26,7 @@ import hashlib
 import json
 import math
 import os
+import random
 import sys
 import time
 from dataclasses import asdict, dataclass, field, fields
@@ -242,6 +243,21 @@ class OfflineFeatures(FeatureSource):
 
     def features(self, index, sample):
         return self.read(self.directory / f"{index:06d}.safetensors", sample)
+
+
+class KeyedFeatures(FeatureSource):
+    """Features from several sources, told apart by key: ``sources`` maps a key offset to a source, and a sample
+    keyed ``k`` reads key ``k - offset`` from the source with the largest offset not above ``k`` (so the samples
+    of several corpora on disk, each keyed from 0, can train together)."""
+
+    def __init__(self, sources: dict[int, FeatureSource]):
+        if not sources or min(sources) != 0:
+            raise ValueError(f"sources need one source at offset 0, got offsets {sorted(sources)}")
+        self.sources = sources
+
+    def features(self, index, sample):
+        offset = max(o for o in self.sources if o <= index)
+        return self.sources[offset].features(index - offset, sample)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -665,6 +681,10 @@ def fastest_precision(device: str = "cpu") -> str:
     return "bf16" if best[torch.bfloat16] < best[torch.float32] else "fp32"
 
 
+# Code samples train under their corpus key plus this, above every ShareGPT key (six-digit file names).
+CODE_KEY_OFFSET = 1_000_000
+
+
 def recipe_corpus_dir(work: Path, precision: str, max_new_tokens: int, num_prompts: int | None = None) -> Path:
     """Where the recipe caches the corpus the target answered (or rebuilt) in ``precision`` (bf16 or fp32)."""
     return work / (f"corpus-{precision}-{max_new_tokens}" + ("" if num_prompts is None else f"-{num_prompts}"))
@@ -676,7 +696,7 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
                           sequences_per_step: int = 4, draft_vocab_size: int | None = 16384, lr: float = 1e-3,
                           precision: str = "auto", held_out: int = 48, eval_every: int = 200,
                           seed: int = 0, ce_weight: float | None = None, l1_weight: float | None = None,
-                          answers: str | os.PathLike | None = None,
+                          answers: str | os.PathLike | None = None, code_prompts: int = 0,
                           continue_from: str | os.PathLike | None = None,
                           work_dir: str | os.PathLike | None = None, calibrate: bool = True,
                           progress: bool = True) -> Path:
@@ -693,8 +713,13 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
        With ``answers`` (an archive :func:`dspark.corpus.save_answers` wrote from this corpus), the answers it
        holds are not generated again: their features are rebuilt from it (:func:`dspark.corpus.rebuild_corpus`,
        by the target in ``precision`` whatever dtype answered), and only prompts it lacks are answered.
+       ``code_prompts`` adds that many function-completion prompts from Python's standard library
+       (:func:`dspark.data.load_code_prompts`, a prefix of their shuffled order), answered into a corpus of
+       their own: they train beside the ShareGPT samples (shuffled in among them) and are never held out,
+       so τ_prob stays measured on the same held-out ShareGPT sequences.
     2. ``vocab``: with ``draft_vocab_size``, the draft vocabulary is the most frequent answer tokens of the
-       training split (plus EOS); its coverage of the training and held-out answers is recorded.
+       ShareGPT training split (plus EOS), so adding code prompts keeps a drafter's vocabulary; its coverage of
+       the training, held-out and code answers is recorded.
     3. ``train``: :class:`Trainer` for ``steps`` steps of ``sequences_per_step`` sequences, checkpointing every
        ``eval_every`` steps (and resuming from the last checkpoint), evaluating τ_prob on the ``held_out``
        sequences (the highest prompt indices) against the answer tokens seen so far.
@@ -714,7 +739,8 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     answers the whole prompt pool (about 7,700 prompts, two to three hours on 2 cores).
 
     ``continue_from`` (a drafter this function wrote with the same objective, data and shape) trains that
-    drafter further instead of a new one: its weights are loaded (the optimiser's state starts empty), the
+    drafter further instead of a new one (it may add code prompts to the parent's data, the ShareGPT part
+    being the same): its weights are loaded (the optimiser's state starts empty), the
     learning-rate schedule starts over (warm-up, then cosine over ``steps`` at ``lr``), and the data order and
     anchors pick up where its training stopped, so no step repeats a block it was trained on
     (:attr:`TrainConfig.step_offset`). The metadata keeps the earlier run (``run.parent``) and one curve over both.
@@ -725,7 +751,7 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     """
     from dspark.checkpoint import save_drafter
     from dspark.corpus import build_corpus, corpus_order, load_corpus, rebuild_corpus, sample_path
-    from dspark.data import load_training_prompts
+    from dspark.data import load_code_prompts, load_training_prompts
     from dspark.target import cache_root, load_default_target
 
     clock: dict[str, float] = {}
@@ -734,6 +760,8 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     if precision not in ("auto", "fp32", "bf16"):
         raise ValueError(f"precision must be 'auto', 'fp32' or 'bf16', got {precision!r}")
     TrainConfig(objective=objective, ce_weight=ce_weight, l1_weight=l1_weight)  # refuse bad weights up front
+    if code_prompts < 0:
+        raise ValueError(f"code_prompts must be 0 or more, got {code_prompts}")
     resolved = fastest_precision("cpu") if precision == "auto" else precision
     corpus_dir = recipe_corpus_dir(work, resolved, max_new_tokens, num_prompts)
     prompts = load_training_prompts(num_prompts)
@@ -745,11 +773,26 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     if answers is None or not all(sample_path(corpus_dir, key).exists() for key in wanted):
         build_corpus(answering, prompts, corpus_dir, max_new_tokens=max_new_tokens, max_samples=corpus_samples,
                      progress=progress)
+    code_dir, code_samples = corpus_dir.with_name(corpus_dir.name + "-stdlib-code"), []
+    if code_prompts:
+        code_pool = load_code_prompts()
+        if code_prompts > len(code_pool):
+            raise ValueError(f"code_prompts={code_prompts}, but this Python's standard library gives "
+                             f"{len(code_pool)}")
+        build_corpus(answering, code_pool, code_dir, max_new_tokens=max_new_tokens, max_samples=code_prompts,
+                     progress=progress)
+        code_samples = [Sample(s.token_ids, s.loss_mask, key=CODE_KEY_OFFSET + s.key)
+                        for s in load_corpus(code_dir, corpus_order(len(code_pool))[:code_prompts])]
     del answering
     samples = load_corpus(corpus_dir, corpus_order(len(prompts))[:corpus_samples])
     if len(samples) <= held_out:
         raise ValueError(f"the corpus holds {len(samples)} samples, not more than the {held_out} held out")
     train, evaluation = samples[:-held_out], samples[-held_out:]
+    sharegpt_train = train
+    if code_samples:
+        # The trainer walks its list in order: shuffled, code blocks come in every stretch of steps.
+        train = train + code_samples
+        random.Random(0).shuffle(train)
     clock["corpus"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -772,7 +815,7 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     if drafter.reduced_vocab:
         from dspark.vocab import build_draft_vocab, token_counts
 
-        train_answers = [s.token_ids[s.loss_mask] for s in train]
+        train_answers = [s.token_ids[s.loss_mask] for s in sharegpt_train]
         mapping = build_draft_vocab(token_counts(train_answers, target.vocab_size), vocab_size,
                                     always=[target.eos_token_id])
         drafter.set_draft_vocab(mapping)
@@ -780,6 +823,9 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
                         "train_coverage": _coverage(train_answers, mapping, target.vocab_size),
                         "held_out_coverage": _coverage([s.token_ids[s.loss_mask] for s in evaluation], mapping,
                                                        target.vocab_size)}
+        if code_samples:
+            vocab_report["code_coverage"] = _coverage([s.token_ids[s.loss_mask] for s in code_samples], mapping,
+                                                      target.vocab_size)
     drafter.load_target_embeddings(target.embed_weight(), target.lm_head_weight())
     parent = None
     if continue_from is not None:
@@ -791,6 +837,9 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
 
     t0 = time.perf_counter()
     source = OfflineFeatures(corpus_dir, target.tap_layers, target.hidden_size)
+    if code_samples:
+        source = KeyedFeatures({0: source, CODE_KEY_OFFSET: OfflineFeatures(code_dir, target.tap_layers,
+                                                                             target.hidden_size)})
     train_config = TrainConfig(steps=steps, objective=objective, num_anchors=num_anchors, lr=lr,
                                sequences_per_step=sequences_per_step, eval_every=eval_every,
                                checkpoint_every=eval_every, precision=resolved, seed=seed,
@@ -799,7 +848,7 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     trainer = Trainer(drafter, target.lm_head_weight(), source, train, train_config, held_out=evaluation)
     name = f"checkpoint-{objective}-layers{num_draft_layers}-block{block_size}-steps{steps}-" \
            f"vocab{vocab_size or 'full'}-{len(samples)}seq-{resolved}" + (f"-seed{seed}" if seed else "") + \
-           loss_weights_suffix(ce_weight, l1_weight)
+           loss_weights_suffix(ce_weight, l1_weight) + (f"-code{code_prompts}" if code_prompts else "")
     if parent is not None:
         trainer.answer_tokens_seen = parent["final"].get("answer_tokens_seen", 0)
         name += f"-after{parent['steps']}-{parent['digest']}"
@@ -816,14 +865,15 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
                  "draft_vocab_size": draft_vocab_size, "lr": lr, "precision": precision, "held_out": held_out,
                  "eval_every": eval_every, "seed": seed, "ce_weight": ce_weight, "l1_weight": l1_weight,
                  "calibrate": calibrate,
-                 "answers": None if answers is None else Path(answers).name,
+                 "answers": None if answers is None else Path(answers).name, "code_prompts": code_prompts,
                  "continue_from": None if parent is None else parent["directory"]}
     curve = [{k: row[k] for k in ("step", "answer_tokens_seen", "eval_tau_prob", "eval_accuracy")}
              for row in trainer.history if "eval_tau_prob" in row]
     if parent is not None:  # its last point and this run's first are the same weights (this one rounded to bf16)
         curve = parent["curve"] + curve[1:]
     metadata = {"objective": objective, "steps": train_config.step_offset + trainer.step,
-                "train_sequences": len(train), "held_out_sequences": len(evaluation),
+                "train_sequences": len(train), "code_sequences": len(code_samples),
+                "held_out_sequences": len(evaluation),
                 "train_answer_tokens": int(sum(int(s.loss_mask.sum()) for s in train)),
                 "final": trainer.history[-1] if trainer.history else {}, "vocab": vocab_report,
                 "curve": curve,
