@@ -45,7 +45,7 @@ def main(argv=None) -> int:
     arms = {}
     for objective, directory in trained_drafters().items():
         meta = json.loads((directory / "config.json").read_text(encoding="utf-8"))["metadata"]
-        arms[objective] = {k: meta.get(k) for k in ("steps", "train_sequences", "held_out_sequences",
+        arms[objective] = {k: meta.get(k) for k in ("steps", "train_sequences", "code_sequences", "held_out_sequences",
                                                      "train_answer_tokens", "vocab", "curve", "final", "sts")}
         arms[objective]["run"] = meta.get("run")
         arms[objective]["directory"] = str(directory)
@@ -82,6 +82,7 @@ def main(argv=None) -> int:
                                  "speedup_over_batch1": here.tokens_per_second / batch1},
                     "note": "tokens/s over whole timed runs (prefill, decoding, feature capture and writes), bf16 "
                             "target; runs may have shared the CPU with other work"}
+    code = code_corpus(corpus_dir.with_name(corpus_dir.name + "-stdlib-code"))
     print(f"corpus: {len(samples)} samples, {corpus_tokens} answer tokens; regeneration: {answered} answer tokens "
           f"of timed runs in {seconds:.0f} s = {answered / seconds:.0f} tok/s "
           f"({answered / seconds / batch1:.1f}x plain batch-1 generation, {batch1:.1f} tok/s); answering "
@@ -90,8 +91,28 @@ def main(argv=None) -> int:
     for name, arm in arms.items():
         print(f"{name}: {arm['steps']} steps, final τ_prob {arm['final'].get('eval_tau_prob')}, "
               f"seconds {arm['run'].get('seconds')}")
-    print(write_result("training_recipe", {"recipe": recipe, "regeneration": regeneration, "arms": arms}, args.out))
+    result = {"recipe": recipe, "regeneration": regeneration, "arms": arms}
+    if code is not None:
+        result["code_corpus"] = code
+    print(write_result("training_recipe", result, args.out))
     return 0
+
+
+def code_corpus(directory: Path) -> dict | None:
+    """What the standard-library code corpus at ``directory`` holds and what answering it took, or None."""
+    from dspark.corpus import load_corpus
+
+    if not (directory / "corpus.json").exists():
+        return None
+    manifest = json.loads((directory / "corpus.json").read_text(encoding="utf-8"))
+    samples = load_corpus(directory)
+    answered = sum(r["answer_tokens"] for r in manifest["runs"])
+    seconds = sum(r["seconds"] for r in manifest["runs"])
+    return {"samples": len(samples), "pool": manifest["settings"]["num_prompts"],
+            "answer_tokens": sum(int(s.loss_mask.sum()) for s in samples),
+            "prompt_tokens": sum(int((~s.loss_mask).sum()) for s in samples),
+            "timed_answer_tokens": answered, "seconds": seconds, "tokens_per_s": answered / seconds,
+            "runs": manifest["runs"], "settings": manifest["settings"]}
 
 
 if __name__ == "__main__":

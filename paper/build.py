@@ -221,6 +221,16 @@ def training_runs(run: dict | None) -> list[dict]:
     return runs
 
 
+def code_start_step(run: dict | None) -> int | None:
+    """The step from which a drafter's training data held standard-library code prompts, or None."""
+    done = 0
+    for r in training_runs(run):
+        if r["arguments"].get("code_prompts"):
+            return done
+        done += r["arguments"]["steps"]
+    return None
+
+
 def continuation_configs(arms: dict) -> str:
     """The clause naming the configs that continued the arms. Each arm's first config ran its first two
     passes over the data, so its k-th continuation is ``*_pass<k + 2>.json``; the arms that ran more
@@ -331,8 +341,15 @@ def continuation_sentence(run: dict | None) -> str:
         how = f"{times}, " + ", then ".join(
             f"for {', '.join(ns[:-1]) + ' and ' if len(ns) > 1 else ''}{ns[-1]} more steps at a peak learning rate "
             f"of {num(lr, 'g')}" for lr, ns in groups) + ","
+    with_code = [r for r in later if r["arguments"].get("code_prompts")]
+    data = " over the same sequences"
+    if with_code:
+        data = (" over the same ShareGPT sequences, " + ("the last run" if len(with_code) == 1 else
+                                                         f"the last {len(with_code)} runs")
+                + f" with {num(with_code[-1]['arguments']['code_prompts'], 'd')} standard-library code prompts "
+                "added (§2)")
     return (f" Its first {num(runs[0]['arguments']['steps'], 'd')} steps were the recipe's; it was then continued "
-            + how + " over the same sequences (the learning-rate schedule restarted: warm-up, then "
+            + how + data + " (the learning-rate schedule restarted: warm-up, then "
             "cosine to 0; the data order and anchors picked up where training had stopped; AdamW's moments "
             "started empty).")
 
@@ -461,7 +478,10 @@ def section_acceptance(out: list[str], figures: Path) -> None:
                f"{num(rows[0]['prompts'], 'd')} held-out prompts per domain (GSM8K, HumanEval, MT-Bench first "
                f"turns, none in the training pool), {num(result['max_new_tokens'], 'd')} new tokens, every drafted "
                "slot verified (no scheduler); τ counts the bonus token. The drafters were trained by the recipe of §2 "
-               "on target-answered ShareGPT sequences with γ = 7; each one's layers, steps and data are listed "
+               "on target-answered ShareGPT sequences with γ = 7"
+               + (" (the shipped DSpark drafter's last run also on standard-library code prompts)"
+                  if (result.get("drafter_metadata", {}).get("dspark") or {}).get("code_sequences") else "")
+               + "; each one's layers, steps and data are listed "
                f"below the table. {eagle3_budget_sentence(result.get('drafter_metadata', {}))}"
                f"{reused_sentence(result)}Measured on {machine(result)}.\n")
     out.append(stale_note(result, f"the drafters of {acceptance_steps(result)} steps"))
@@ -486,7 +506,9 @@ def section_acceptance(out: list[str], figures: Path) -> None:
             ran = (run.get("train_config") or {}).get("precision")
             out.append(f"- {label(name)}: {draft_layers(arguments)}, "
                        f"{num(meta[name].get('steps'), 'd')} steps on "
-                       f"{num(meta[name].get('train_sequences'), 'd')} sequences" + (f" in {ran}" if ran else "")
+                       f"{num(meta[name].get('train_sequences'), 'd')} sequences"
+                       + (f" ({num(meta[name]['code_sequences'], 'd')} of them code prompts)"
+                          if meta[name].get("code_sequences") else "") + (f" in {ran}" if ran else "")
                        + "; held-out τ_prob "
                        f"{num(final.get('eval_tau_prob', float('nan')))} at the last evaluation."
                        + recipe_difference(arguments, recipe) + continuation_sentence(run)
@@ -507,7 +529,10 @@ def section_acceptance(out: list[str], figures: Path) -> None:
     longer = _paired_cells(rows, "dspark", dspark) if dspark != "dspark" else None
     if longer:
         out.append(f"What training past DFlash's budget adds, DSpark ({num(meta['dspark']['steps'], 'd')} steps, "
-                   f"the shipped drafter) minus {label(dspark)}, on the same sequences: at T = 0 {longer[0.0]}; at "
+                   f"the shipped drafter) minus {label(dspark)}, on the same "
+                   + ("ShareGPT sequences, the shipped one's last run with code prompts added" if
+                      meta["dspark"].get("code_sequences") else "sequences")
+                   + f": at T = 0 {longer[0.0]}; at "
                    f"T = 1 {longer[1.0]}.\n")
     heads, l1_term = _paired_cells(rows, "dspark-ce", "dflash"), _paired_cells(rows, dspark, "dspark-ce")
     if heads and l1_term:
@@ -732,16 +757,33 @@ def section_training(out: list[str], figures: Path) -> None:
                f"{num(regen['speedup_over_batch1'], '.1f')}× plain batch-1 generation by the same target "
                f"({num(regen['batch1_generate_tokens_per_s'], '.1f')} tokens/s, measured when this record was "
                "collected, not beside the regeneration)." + same_run_sentence(regen) + rebuild_sentence())
+    code = result.get("code_corpus")
+    if code:
+        out.append("- **Code data.** The code evaluation asks the target to complete a Python function from its "
+                   "signature and docstring, which ShareGPT first turns rarely do. So the same target also answered "
+                   f"{num(code['samples'], 'd')} of the {num(code['pool'], 'd')} public functions and methods of "
+                   "Python's standard library that have a docstring of 60 characters or more, each cut after its "
+                   "docstring and worded as the evaluation words its prompts (none is a HumanEval task): "
+                   f"{num(code['answer_tokens'], 'd')} answer tokens, at {num(code['tokens_per_s'], '.0f')} tokens/s. "
+                   "They train beside the ShareGPT sequences and are never held out, so held-out τ_prob is still "
+                   "measured on the same ShareGPT sequences; the draft vocabulary stays the ShareGPT answers'.")
     for name, arm in arms.items():
         vocab = arm.get("vocab") or {}
         runs = training_runs(arm.get("run"))
+        covered = []
+        if vocab:
+            code_answers = "code_coverage" in vocab
+            covered = [f"{num(100 * vocab['train_coverage'], '.2f')}% of the "
+                       f"{'ShareGPT ' if code_answers else ''}training answers"]
+            if code_answers:
+                covered.append(f"{num(100 * vocab['code_coverage'], '.2f')}% of the code answers")
+            covered.append(f"{num(100 * vocab['held_out_coverage'], '.2f')}% of the held-out ones")
         coverage = (f"draft vocabulary of {num(vocab['draft_vocab_size'], 'd')} tokens covering "
-                    f"{num(100 * vocab['train_coverage'], '.2f')}% of the training answers and "
-                    f"{num(100 * vocab['held_out_coverage'], '.2f')}% of the held-out ones; ") if vocab else \
-            "full vocabulary; "
+                    f"{', '.join(covered[:-1])} and {covered[-1]}; ") if vocab else "full vocabulary; "
         arguments = (runs or [{}])[0].get("arguments", {})
+        code = f", {num(arm['code_sequences'], 'd')} of them code prompts" if arm.get("code_sequences") else ""
         out.append(f"- **{label(name)}.** {draft_layers(arguments)}, "
-                   f"{num(arm['steps'], 'd')} steps on {num(arm['train_sequences'], 'd')} sequences "
+                   f"{num(arm['steps'], 'd')} steps on {num(arm['train_sequences'], 'd')} sequences{code} "
                    f"({num(arm['train_answer_tokens'], 'd')} answer tokens; {coverage}"
                    f"held-out τ_prob {num(arm['final']['eval_tau_prob'])} on {num(arm['held_out_sequences'], 'd')} "
                    f"sequences). Wall-clock: {'; then '.join(wall_clock(r) for r in runs)}, building the corpus "
@@ -1611,7 +1653,9 @@ def section_limits(out: list[str]) -> None:
         lo, hi = first_epoch[0], first_epoch[-1]
         per_doubling = (hi["eval_tau_prob"] - lo["eval_tau_prob"]) / math.log2(hi["answer_tokens_seen"]
                                                                                 / lo["answer_tokens_seen"])
-        repeated = [c for c in curve if c["answer_tokens_seen"] > recipe["regeneration"]["answer_tokens"]]
+        code_from = code_start_step(recipe["arms"]["dspark"].get("run"))
+        repeated = [c for c in curve if c["answer_tokens_seen"] > recipe["regeneration"]["answer_tokens"]
+                    and (code_from is None or c["step"] <= code_from)]
         second_pass = ""
         if repeated:
             last = repeated[-1]
@@ -1623,6 +1667,10 @@ def section_limits(out: list[str]) -> None:
                            f"({num(last['answer_tokens_seen'] / 1e3, '.0f')}k answer tokens seen), took it to "
                            f"{num(last['eval_tau_prob'])}: about {num(again, '.2f')} per doubling of the tokens "
                            f"seen, so at this scale repeated sequences teach {verdict} new ones did.")
+        if code_from is not None and curve[-1]["step"] > code_from:
+            second_pass += (f" With standard-library code prompts added to its data from step {num(code_from, 'd')} "
+                            f"(§2), it reached {num(curve[-1]['eval_tau_prob'])} at step "
+                            f"{num(curve[-1]['step'], 'd')} on the same held-out ShareGPT sequences.")
         subject = "The shipped DSpark drafter decodes"
         if predates_shipped_drafter(acceptance):
             subject = (f"The DSpark drafter at {acceptance_steps(acceptance)} steps (§1, not re-measured for the "
