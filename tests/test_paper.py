@@ -130,6 +130,17 @@ def test_continuations_are_described_run_by_run():
     assert rates.startswith(" Its first 4000 steps were the recipe's;")
 
 
+def test_a_continuation_that_added_code_prompts_says_so_and_from_which_step():
+    plain = _continued([4000, 2000], [1e-3, 5e-4])
+    assert "over the same sequences (" in builder.continuation_sentence(plain)
+    assert builder.code_start_step(plain) is None
+    with_code = _continued([4000, 2000, 8000], [1e-3, 5e-4, 3e-4])
+    with_code["arguments"]["code_prompts"] = 1600
+    sentence = builder.continuation_sentence(with_code)
+    assert "over the same ShareGPT sequences, the last run with 1600 standard-library code prompts added" in sentence
+    assert builder.code_start_step(with_code) == 6000
+
+
 def test_continuation_configs_are_named_from_the_runs_each_arm_recorded():
     def arms(**runs):
         return {name: {"run": _continued([4000] + [2000] * (n - 1), [1e-3] + [5e-4] * (n - 1))}
