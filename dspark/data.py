@@ -99,7 +99,7 @@ def load_training_prompts(limit: int | None = None, *, max_chars: int = 600, see
     return prompts[:limit]
 
 
-# Parts of the standard library that are tests, demos, a bundled installer or code for other Pythons.
+# Not library code: tests, demos, the bundled installer, pydoc's data, the Python 2 converter and installed packages.
 _STDLIB_SKIPPED = {"test", "tests", "idlelib", "lib2to3", "site-packages", "dist-packages", "turtledemo", "ensurepip",
                    "pydoc_data", "__pycache__"}
 
