@@ -40,6 +40,7 @@ def main(argv=None) -> int:
     from dspark.data import load_prompt_mix, load_training_prompts
     from dspark.decoding import SamplingConfig, generate
     from dspark.target import cache_root, load_default_target
+    from dspark.training import code_corpus_dir
 
     recipe = json.loads(args.recipe.read_text(encoding="utf-8"))
     arms = {}
@@ -82,7 +83,7 @@ def main(argv=None) -> int:
                                  "speedup_over_batch1": here.tokens_per_second / batch1},
                     "note": "tokens/s over whole timed runs (prefill, decoding, feature capture and writes), bf16 "
                             "target; runs may have shared the CPU with other work"}
-    code = code_corpus(corpus_dir.with_name(corpus_dir.name + "-stdlib-code"))
+    code = code_corpus(code_corpus_dir(corpus_dir))
     print(f"corpus: {len(samples)} samples, {corpus_tokens} answer tokens; regeneration: {answered} answer tokens "
           f"of timed runs in {seconds:.0f} s = {answered / seconds:.0f} tok/s "
           f"({answered / seconds / batch1:.1f}x plain batch-1 generation, {batch1:.1f} tok/s); answering "

@@ -690,6 +690,11 @@ def recipe_corpus_dir(work: Path, precision: str, max_new_tokens: int, num_promp
     return work / (f"corpus-{precision}-{max_new_tokens}" + ("" if num_prompts is None else f"-{num_prompts}"))
 
 
+def code_corpus_dir(corpus_dir: Path) -> Path:
+    """Where the recipe caches the standard-library code prompts' corpus beside the ShareGPT one at ``corpus_dir``."""
+    return corpus_dir.with_name(corpus_dir.name + "-stdlib-code")
+
+
 def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "dspark", num_prompts: int | None = None,
                           corpus_samples: int | None = None, max_new_tokens: int = 192, steps: int = 4000,
                           num_draft_layers: int = 2, markov_rank: int = 32, block_size: int = 7, num_anchors: int = 48,
@@ -773,7 +778,7 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     if answers is None or not all(sample_path(corpus_dir, key).exists() for key in wanted):
         build_corpus(answering, prompts, corpus_dir, max_new_tokens=max_new_tokens, max_samples=corpus_samples,
                      progress=progress)
-    code_dir, code_samples = corpus_dir.with_name(corpus_dir.name + "-stdlib-code"), []
+    code_dir, code_samples = code_corpus_dir(corpus_dir), []
     if code_prompts:
         code_pool = load_code_prompts()
         if code_prompts > len(code_pool):
