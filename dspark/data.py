@@ -152,3 +152,242 @@ def load_prompt_mix(per_domain: int, offset: int = 0) -> list[Prompt]:
     """``per_domain`` prompts from each domain, interleaved math, code, chat, starting at ``offset``."""
     by_domain = [load_prompts(d)[offset: offset + per_domain] for d in DOMAINS]
     return [p for group in zip(*by_domain) for p in group]
+
+
+def load_math_prompts(limit: int | None = None, *, seed: int = 0) -> list[str]:
+    """Grade-school word problems made from templates, worded as the math evaluation's (GSM8K) questions are.
+
+    The ShareGPT pool holds few multi-step arithmetic questions, and no training split of GSM8K ships in a
+    PyPI package. These are generated instead: 25 problem shapes (rates, fractions, percentages, change,
+    ages, averages, ...), each filled with random names, objects and small round numbers. Only the questions
+    matter: the target answers them, and its answers are what a drafter learns. 4,000 prompts, deduplicated,
+    in the order ``seed`` draws them (so a limit keeps a prefix), never an evaluation prompt.
+    """
+    import random
+
+    rng = random.Random(seed)
+    held_out = {p.text for p in load_prompts("math")}
+    seen, prompts = set(), []
+    while len(prompts) < _MATH_POOL_SIZE:
+        template = rng.choice(_WORD_PROBLEMS)
+        prompt = template(rng, *rng.sample(_PEOPLE, 3))
+        if prompt not in seen and prompt not in held_out:
+            seen.add(prompt)
+            prompts.append(prompt)
+    return prompts[:limit]
+
+
+_MATH_POOL_SIZE = 4000
+
+
+@dataclass(frozen=True)
+class _Person:
+    name: str
+    he: str
+    him: str
+    his: str
+
+    @property
+    def He(self) -> str:  # noqa: N802 - a sentence's first word
+        return self.he.capitalize()
+
+    @property
+    def His(self) -> str:  # noqa: N802
+        return self.his.capitalize()
+
+
+_PEOPLE = [_Person(n, "she", "her", "her") for n in (
+    "Natalia", "Maria", "Emma", "Aisha", "Mei", "Sofia", "Olivia", "Priya", "Hannah", "Zoe", "Fatima", "Lucy",
+    "Grace", "Chloe", "Yuki", "Amara", "Isabel", "Nora", "Leila", "Rosa")] + \
+    [_Person(n, "he", "him", "his") for n in (
+        "James", "Carlos", "Ahmed", "Liam", "Kenji", "Noah", "Ravi", "Ethan", "Mateo", "Samuel", "Omar", "Lucas",
+        "Daniel", "Tom", "Wei", "Kwame", "Jack", "Ivan", "Diego", "Ben")]
+_ITEMS = ("apples", "pencils", "stickers", "marbles", "cookies", "books", "stamps", "cupcakes", "seashells",
+          "toy cars", "bracelets", "muffins", "postcards", "candles", "balloons", "notebooks")
+_MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
+           "November", "December")
+
+
+def _sold_twice(rng, a, b, c):
+    n = rng.randrange(4, 60, 2)
+    more = rng.choice(["half as many", "twice as many", f"{rng.randint(3, 15)} more"])
+    m = rng.randrange(11)
+    return (f"{a.name} sold {n} {rng.choice(_ITEMS)} in {_MONTHS[m]}, and then {a.he} sold {more} in "
+            f"{_MONTHS[(m + 1) % 12]}. How many did {a.name} sell altogether in {_MONTHS[m]} and "
+            f"{_MONTHS[(m + 1) % 12]}?")
+
+
+def _hourly_pay(rng, a, b, c):
+    job = rng.choice(["babysitting", "tutoring", "walking dogs", "mowing lawns", "washing cars"])
+    return (f"{a.name} earns ${rng.randint(6, 30)} an hour for {job}. Yesterday, {a.he} worked "
+            f"{rng.choice([30, 45, 90, 120, 150, 180])} minutes. How much did {a.he} earn?")
+
+
+def _saving_up(rng, a, b, c):
+    price = rng.randrange(60, 400, 10)
+    gift = rng.randrange(5, price // 6, 5)
+    thing = rng.choice(["bike", "wallet", "guitar", "tablet", "pair of skates", "backpack"])
+    return (f"{a.name} is saving money for a new {thing} which costs ${price}. {a.He} has only half of the money "
+            f"{a.he} needs. {a.His} parents decided to give {a.him} ${gift} for that purpose, and {a.his} "
+            f"grandparents twice as much as {a.his} parents. How much more money does {a.name} need to buy the "
+            f"{thing}?")
+
+
+def _reading(rng, a, b, c):
+    first = rng.randint(8, 30)
+    pages = 3 * first + 2 * rng.randint(20, 150)  # an even number of pages left, so half is whole
+    return (f"{a.name} is reading a {pages}-page book. Yesterday, {a.he} was able to read {first} pages and today, "
+            f"{a.he} read twice as many pages as yesterday. If {a.he} wants to read half of the remaining pages "
+            f"tomorrow, how many pages should {a.he} read?")
+
+
+def _discount(rng, a, b, c):
+    item = rng.choice(["shirts", "mugs", "board games", "lamps", "plant pots", "scarves"])
+    return (f"A store sells {item} for ${rng.randrange(10, 80, 5) * 2} each. During a sale, every one is "
+            f"{rng.choice([10, 20, 25, 50])}% off. {a.name} buys {rng.randint(2, 9)} {item}. How much does {a.he} "
+            f"pay?")
+
+
+def _two_legs(rng, a, b, c):
+    return (f"{a.name} drives at {rng.randrange(30, 70, 5)} miles per hour for {rng.randint(2, 5)} hours, then at "
+            f"{rng.randrange(40, 80, 5)} miles per hour for {rng.randint(1, 4)} hours. How many miles did {a.he} "
+            f"drive in total?")
+
+
+def _ages(rng, a, b, c):
+    years = rng.randint(2, 10)
+    later = rng.randint(years + 3, years + 20)
+    return (f"{a.name} is {rng.randint(2, 4)} times as old as {b.name}. In {years} years, {b.name} will be "
+            f"{later} years old. How old is {a.name} now?")
+
+
+def _recipe(rng, a, b, c):
+    dish, ingredient = rng.choice([("pancakes", "flour"), ("cookies", "sugar"), ("muffins", "milk"),
+                                   ("loaves of bread", "water")])
+    n = rng.choice([4, 6, 8, 12])
+    return (f"A recipe for {n} {dish} needs {rng.randint(1, 4)} cups of {ingredient}. {a.name} wants to make "
+            f"{n * rng.randint(2, 6)} {dish}. How many cups of {ingredient} does {a.he} need?")
+
+
+def _weekly_runs(rng, a, b, c):
+    activity = rng.choice([("runs", "miles"), ("swims", "laps"), ("cycles", "kilometers"), ("walks", "miles")])
+    return (f"{a.name} {activity[0]} {rng.randint(2, 8)} {activity[1]} every weekday and {rng.randint(3, 12)} "
+            f"{activity[1]} on each day of the weekend. How many {activity[1]} does {a.he} cover in "
+            f"{rng.randint(2, 6)} weeks?")
+
+
+def _giving_away(rng, a, b, c):
+    n = rng.randrange(24, 240, 12)
+    return (f"{a.name} has {n} {rng.choice(_ITEMS)}. {a.He} gives a third of them to {b.name} and a quarter of "
+            f"them to {c.name}. How many does {a.name} have left?")
+
+
+def _fence(rng, a, b, c):
+    place = rng.choice(["garden", "yard", "playground", "dog run", "vegetable patch"])
+    length = rng.randint(8, 60)
+    return (f"A rectangular {place} is {length} feet long and {rng.randint(5, length)} feet wide. "
+            f"{a.name} wants to put a fence around it. Fencing costs ${rng.randint(2, 15)} per foot. How much "
+            f"will the fence cost?")
+
+
+def _growth(rng, a, b, c):
+    place = rng.choice(["bakery", "coffee shop", "library", "bookstore", "swimming pool"])
+    return (f"Last year, a {place} had {rng.randrange(40, 400, 20)} visitors a day. This year the number went up "
+            f"by {rng.choice([5, 10, 15, 20, 25, 50])}%. How many visitors a day does it have now?")
+
+
+def _change(rng, a, b, c):
+    n1, p1, n2, p2 = rng.randint(2, 6), rng.randint(1, 9), rng.randint(2, 5), rng.randint(3, 15)
+    bill = next(x for x in (20, 50, 100, 200) if x > n1 * p1 + n2 * p2)
+    first, second = rng.sample(["notebooks", "pens", "apples", "sandwiches", "juice boxes", "erasers",
+                                "magazines"], 2)
+    return (f"{a.name} buys {n1} {first} at ${p1} each and {n2} {second} at ${p2} each. {a.He} pays with a "
+            f"${bill} bill. How much change does {a.he} get?")
+
+
+def _class(rng, a, b, c):
+    n = rng.randrange(20, 41, 4)
+    girls = rng.choice([25, 50, 75])
+    sport = rng.choice(["soccer", "basketball", "chess", "tennis"])
+    boys = n - n * girls // 100
+    return (f"There are {n} students in {a.name}'s class. {girls}% of them are girls. Of the boys, "
+            f"{rng.randint(1, boys)} play {sport}. How many boys do not play {sport}?")
+
+
+def _practice(rng, a, b, c):
+    instrument = rng.choice(["piano", "violin", "guitar", "drums", "flute"])
+    return (f"{a.name} practises the {instrument} for {rng.choice([15, 20, 30, 40, 45, 60, 90])} minutes a day. "
+            f"How many hours does {a.he} practise in {rng.choice([6, 12, 14, 21, 30])} days?")
+
+
+def _legs(rng, a, b, c):
+    first, second = rng.sample([("chickens", 2), ("cows", 4), ("ducks", 2), ("goats", 4), ("pigs", 4),
+                                ("sheep", 4)], 2)
+    return (f"{a.name}'s farm has {rng.randint(3, 40)} {first[0]} and {rng.randint(2, 25)} {second[0]}. How many "
+            f"legs do the animals have in all?")
+
+
+def _factory(rng, a, b, c):
+    return (f"A factory makes {rng.randrange(20, 500, 10)} {rng.choice(_ITEMS)} an hour. It runs "
+            f"{rng.randint(6, 16)} hours a day, {rng.randint(4, 7)} days a week. How many does it make in a week?")
+
+
+def _tank(rng, a, b, c):
+    rate = rng.randint(2, 12)
+    volume = rate * rng.randrange(8, 80, 4)
+    return (f"A tank holds {volume} liters of water. A pipe fills it at {rate} liters per minute. If the tank is "
+            f"already a quarter full, how many minutes will it take to fill it?")
+
+
+def _tip(rng, a, b, c):
+    return (f"{a.name} ordered dinner for ${rng.randrange(20, 120, 4)}. {a.He} left a {rng.choice([10, 15, 20, 25])}% "
+            f"tip. How much did {a.he} pay in total?")
+
+
+def _collection(rng, a, b, c):
+    thing = rng.choice(["stamps", "coins", "trading cards", "comic books", "rocks"])
+    return (f"{a.name} has {rng.randint(10, 200)} {thing}. Every month {a.he} buys {rng.randint(2, 12)} more, and "
+            f"every {rng.choice([2, 3, 4, 6])} months {a.he} gives {rng.randint(1, 8)} away. How many {thing} does "
+            f"{a.he} have after a year?")
+
+
+def _compare_three(rng, a, b, c):
+    items = rng.choice(_ITEMS)
+    return (f"{a.name} has {rng.randint(2, 20)} more {items} than {b.name}. {b.name} has {rng.randint(2, 5)} times "
+            f"as many {items} as {c.name}. If {c.name} has {rng.randint(3, 25)} {items}, how many {items} do the "
+            f"three of them have together?")
+
+
+def _average(rng, a, b, c):
+    scores = [rng.randint(60, 98) for _ in range(3)]
+    goal = rng.randint(max(70, (sum(scores) + 40) // 4 + 1), min(95, (sum(scores) + 100) // 4))
+    return (f"{a.name} scored {scores[0]}, {scores[1]} and {scores[2]} on {a.his} first three tests. What score "
+            f"does {a.he} need on the fourth test to have an average of {goal}?")
+
+
+def _fundraiser(rng, a, b, c):
+    tickets, price, gift = rng.randrange(20, 200, 10), rng.randint(2, 12), rng.randrange(50, 500, 25)
+    cost = tickets * price + gift + rng.randrange(50, 1000, 50)
+    return (f"{a.name}'s school is raising money for a trip. They sell {tickets} tickets at ${price} each and get "
+            f"a donation of ${gift}. The trip costs ${cost}. How much more money do they need?")
+
+
+def _pizza(rng, a, b, c):
+    slices = rng.choice([6, 8, 10, 12])
+    friends = rng.choice([k for k in range(2, 12) if (slices * 6) % (k + 1) == 0])
+    pizzas = rng.choice([p for p in range(2, 8) if (p * slices) % (friends + 1) == 0])
+    return (f"{a.name} orders {pizzas} pizzas, each cut into {slices} slices. {a.He} and {friends} friends share "
+            f"them equally. How many slices does each person get?")
+
+
+def _work_rate(rng, a, b, c):
+    task, thing = rng.choice([("paint", "fence post"), ("fold", "paper crane"), ("bake", "tray of cookies"),
+                              ("knit", "scarf"), ("wash", "car")])
+    minutes = rng.choice([3, 4, 5, 6, 10, 12, 15, 20])
+    return (f"It takes {a.name} {minutes} minutes to {task} one {thing}. How many can {a.he} {task} in "
+            f"{rng.randint(1, 5)} hours?")
+
+
+_WORD_PROBLEMS = (_sold_twice, _hourly_pay, _saving_up, _reading, _discount, _two_legs, _ages, _recipe, _weekly_runs,
+                  _giving_away, _fence, _growth, _change, _class, _practice, _legs, _factory, _tank, _tip,
+                  _collection, _compare_three, _average, _fundraiser, _pizza, _work_rate)

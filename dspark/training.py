@@ -681,8 +681,10 @@ def fastest_precision(device: str = "cpu") -> str:
     return "bf16" if best[torch.bfloat16] < best[torch.float32] else "fp32"
 
 
-# Code samples train under their corpus key plus this, above every ShareGPT key (six-digit file names).
+# The extra prompt pools' samples train under their corpus key plus these, above every ShareGPT key (six-digit
+# file names), so one feature source can route each sample to its corpus.
 CODE_KEY_OFFSET = 1_000_000
+MATH_KEY_OFFSET = 2_000_000
 
 
 def recipe_corpus_dir(work: Path, precision: str, max_new_tokens: int, num_prompts: int | None = None) -> Path:
@@ -695,13 +697,33 @@ def code_corpus_dir(corpus_dir: Path) -> Path:
     return corpus_dir.with_name(corpus_dir.name + "-stdlib-code")
 
 
+def math_corpus_dir(corpus_dir: Path) -> Path:
+    """Where the recipe caches the word-problem prompts' corpus beside the ShareGPT one at ``corpus_dir``."""
+    return corpus_dir.with_name(corpus_dir.name + "-word-problems")
+
+
+def _pool_samples(answering, pool: list[str], directory: Path, count: int, key_offset: int, *, what: str,
+                  max_new_tokens: int, progress: bool) -> list[Sample]:
+    """The first ``count`` prompts of ``pool`` in a corpus's shuffled order, answered into ``directory`` by
+    ``answering`` (or read from it), keyed from ``key_offset``."""
+    from dspark.corpus import build_corpus, corpus_order, load_corpus
+
+    if count > len(pool):
+        raise ValueError(f"{what}_prompts={count}, but its pool holds {len(pool)} prompts")
+    if not count:
+        return []
+    build_corpus(answering, pool, directory, max_new_tokens=max_new_tokens, max_samples=count, progress=progress)
+    return [Sample(s.token_ids, s.loss_mask, key=key_offset + s.key)
+            for s in load_corpus(directory, corpus_order(len(pool))[:count])]
+
+
 def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "dspark", num_prompts: int | None = None,
                           corpus_samples: int | None = None, max_new_tokens: int = 192, steps: int = 4000,
                           num_draft_layers: int = 2, markov_rank: int = 32, block_size: int = 7, num_anchors: int = 48,
                           sequences_per_step: int = 4, draft_vocab_size: int | None = 16384, lr: float = 1e-3,
                           precision: str = "auto", held_out: int = 48, eval_every: int = 200,
                           seed: int = 0, ce_weight: float | None = None, l1_weight: float | None = None,
-                          answers: str | os.PathLike | None = None, code_prompts: int = 0,
+                          answers: str | os.PathLike | None = None, code_prompts: int = 0, math_prompts: int = 0,
                           continue_from: str | os.PathLike | None = None,
                           work_dir: str | os.PathLike | None = None, calibrate: bool = True,
                           progress: bool = True) -> Path:
@@ -721,10 +743,11 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
        ``code_prompts`` adds that many function-completion prompts from Python's standard library
        (:func:`dspark.data.load_code_prompts`, a prefix of their shuffled order), answered into a corpus of
        their own: they train beside the ShareGPT samples (shuffled in among them) and are never held out,
-       so τ_prob stays measured on the same held-out ShareGPT sequences.
+       so τ_prob stays measured on the same held-out ShareGPT sequences. ``math_prompts`` does the same with
+       grade-school word problems made from templates (:func:`dspark.data.load_math_prompts`).
     2. ``vocab``: with ``draft_vocab_size``, the draft vocabulary is the most frequent answer tokens of the
-       ShareGPT training split (plus EOS), so adding code prompts keeps a drafter's vocabulary; its coverage of
-       the training, held-out and code answers is recorded.
+       ShareGPT training split (plus EOS), so adding code or math prompts keeps a drafter's vocabulary; its
+       coverage of the training, held-out, code and math answers is recorded.
     3. ``train``: :class:`Trainer` for ``steps`` steps of ``sequences_per_step`` sequences, checkpointing every
        ``eval_every`` steps (and resuming from the last checkpoint), evaluating τ_prob on the ``held_out``
        sequences (the highest prompt indices) against the answer tokens seen so far.
@@ -744,7 +767,7 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     answers the whole prompt pool (about 7,700 prompts, two to three hours on 2 cores).
 
     ``continue_from`` (a drafter this function wrote with the same objective, data and shape) trains that
-    drafter further instead of a new one (it may add code prompts to the parent's data, the ShareGPT part
+    drafter further instead of a new one (it may add code or math prompts to the parent's data, the ShareGPT part
     being the same): its weights are loaded (the optimiser's state starts empty), the
     learning-rate schedule starts over (warm-up, then cosine over ``steps`` at ``lr``), and the data order and
     anchors pick up where its training stopped, so no step repeats a block it was trained on
@@ -756,7 +779,7 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     """
     from dspark.checkpoint import save_drafter
     from dspark.corpus import build_corpus, corpus_order, load_corpus, rebuild_corpus, sample_path
-    from dspark.data import load_code_prompts, load_training_prompts
+    from dspark.data import load_code_prompts, load_math_prompts, load_training_prompts
     from dspark.target import cache_root, load_default_target
 
     clock: dict[str, float] = {}
@@ -765,8 +788,9 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     if precision not in ("auto", "fp32", "bf16"):
         raise ValueError(f"precision must be 'auto', 'fp32' or 'bf16', got {precision!r}")
     TrainConfig(objective=objective, ce_weight=ce_weight, l1_weight=l1_weight)  # refuse bad weights up front
-    if code_prompts < 0:
-        raise ValueError(f"code_prompts must be 0 or more, got {code_prompts}")
+    for what, count in (("code", code_prompts), ("math", math_prompts)):
+        if count < 0:
+            raise ValueError(f"{what}_prompts must be 0 or more, got {count}")
     resolved = fastest_precision("cpu") if precision == "auto" else precision
     corpus_dir = recipe_corpus_dir(work, resolved, max_new_tokens, num_prompts)
     prompts = load_training_prompts(num_prompts)
@@ -778,25 +802,20 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     if answers is None or not all(sample_path(corpus_dir, key).exists() for key in wanted):
         build_corpus(answering, prompts, corpus_dir, max_new_tokens=max_new_tokens, max_samples=corpus_samples,
                      progress=progress)
-    code_dir, code_samples = code_corpus_dir(corpus_dir), []
-    if code_prompts:
-        code_pool = load_code_prompts()
-        if code_prompts > len(code_pool):
-            raise ValueError(f"code_prompts={code_prompts}, but this Python's standard library gives "
-                             f"{len(code_pool)}")
-        build_corpus(answering, code_pool, code_dir, max_new_tokens=max_new_tokens, max_samples=code_prompts,
-                     progress=progress)
-        code_samples = [Sample(s.token_ids, s.loss_mask, key=CODE_KEY_OFFSET + s.key)
-                        for s in load_corpus(code_dir, corpus_order(len(code_pool))[:code_prompts])]
+    code_dir, math_dir = code_corpus_dir(corpus_dir), math_corpus_dir(corpus_dir)
+    code_samples = _pool_samples(answering, load_code_prompts() if code_prompts else [], code_dir, code_prompts,
+                                 CODE_KEY_OFFSET, what="code", max_new_tokens=max_new_tokens, progress=progress)
+    math_samples = _pool_samples(answering, load_math_prompts() if math_prompts else [], math_dir, math_prompts,
+                                 MATH_KEY_OFFSET, what="math", max_new_tokens=max_new_tokens, progress=progress)
     del answering
     samples = load_corpus(corpus_dir, corpus_order(len(prompts))[:corpus_samples])
     if len(samples) <= held_out:
         raise ValueError(f"the corpus holds {len(samples)} samples, not more than the {held_out} held out")
     train, evaluation = samples[:-held_out], samples[-held_out:]
     sharegpt_train = train
-    if code_samples:
-        # The trainer walks its list in order: shuffled, code blocks come in every stretch of steps.
-        train = train + code_samples
+    if code_samples or math_samples:
+        # The trainer walks its list in order: shuffled, code and math blocks come in every stretch of steps.
+        train = train + code_samples + math_samples
         random.Random(0).shuffle(train)
     clock["corpus"] = time.perf_counter() - t0
 
@@ -828,9 +847,10 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
                         "train_coverage": _coverage(train_answers, mapping, target.vocab_size),
                         "held_out_coverage": _coverage([s.token_ids[s.loss_mask] for s in evaluation], mapping,
                                                        target.vocab_size)}
-        if code_samples:
-            vocab_report["code_coverage"] = _coverage([s.token_ids[s.loss_mask] for s in code_samples], mapping,
-                                                      target.vocab_size)
+        for what, extra in (("code", code_samples), ("math", math_samples)):
+            if extra:
+                vocab_report[f"{what}_coverage"] = _coverage([s.token_ids[s.loss_mask] for s in extra], mapping,
+                                                             target.vocab_size)
     drafter.load_target_embeddings(target.embed_weight(), target.lm_head_weight())
     parent = None
     if continue_from is not None:
@@ -842,9 +862,11 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
 
     t0 = time.perf_counter()
     source = OfflineFeatures(corpus_dir, target.tap_layers, target.hidden_size)
-    if code_samples:
-        source = KeyedFeatures({0: source, CODE_KEY_OFFSET: OfflineFeatures(code_dir, target.tap_layers,
-                                                                             target.hidden_size)})
+    extra_sources = {offset: OfflineFeatures(directory, target.tap_layers, target.hidden_size)
+                     for offset, directory, extra in ((CODE_KEY_OFFSET, code_dir, code_samples),
+                                                      (MATH_KEY_OFFSET, math_dir, math_samples)) if extra}
+    if extra_sources:
+        source = KeyedFeatures({0: source, **extra_sources})
     train_config = TrainConfig(steps=steps, objective=objective, num_anchors=num_anchors, lr=lr,
                                sequences_per_step=sequences_per_step, eval_every=eval_every,
                                checkpoint_every=eval_every, precision=resolved, seed=seed,
@@ -853,7 +875,8 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     trainer = Trainer(drafter, target.lm_head_weight(), source, train, train_config, held_out=evaluation)
     name = f"checkpoint-{objective}-layers{num_draft_layers}-block{block_size}-steps{steps}-" \
            f"vocab{vocab_size or 'full'}-{len(samples)}seq-{resolved}" + (f"-seed{seed}" if seed else "") + \
-           loss_weights_suffix(ce_weight, l1_weight) + (f"-code{code_prompts}" if code_prompts else "")
+           loss_weights_suffix(ce_weight, l1_weight) + (f"-code{code_prompts}" if code_prompts else "") + \
+           (f"-math{math_prompts}" if math_prompts else "")
     if parent is not None:
         trainer.answer_tokens_seen = parent["final"].get("answer_tokens_seen", 0)
         name += f"-after{parent['steps']}-{parent['digest']}"
@@ -871,6 +894,7 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
                  "eval_every": eval_every, "seed": seed, "ce_weight": ce_weight, "l1_weight": l1_weight,
                  "calibrate": calibrate,
                  "answers": None if answers is None else Path(answers).name, "code_prompts": code_prompts,
+                 "math_prompts": math_prompts,
                  "continue_from": None if parent is None else parent["directory"]}
     curve = [{k: row[k] for k in ("step", "answer_tokens_seen", "eval_tau_prob", "eval_accuracy")}
              for row in trainer.history if "eval_tau_prob" in row]
@@ -878,6 +902,7 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
         curve = parent["curve"] + curve[1:]
     metadata = {"objective": objective, "steps": train_config.step_offset + trainer.step,
                 "train_sequences": len(train), "code_sequences": len(code_samples),
+                "math_sequences": len(math_samples),
                 "held_out_sequences": len(evaluation),
                 "train_answer_tokens": int(sum(int(s.loss_mask.sum()) for s in train)),
                 "final": trainer.history[-1] if trainer.history else {}, "vocab": vocab_report,

@@ -1,8 +1,9 @@
 """The prompt pools that ship with Python and with PyPI packages: their form, their order, and their split."""
 
 import ast
+import re
 
-from dspark.data import load_code_prompts, load_prompts
+from dspark.data import load_code_prompts, load_math_prompts, load_prompts
 
 PREFIX = "Complete this Python function.\n\n"
 
@@ -21,3 +22,15 @@ def test_code_prompts_are_stdlib_stubs_worded_as_humaneval_and_never_an_evaluati
         (function,) = ast.parse(stub + "    pass\n").body
         assert isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef))
         assert ast.get_docstring(function) is not None and len(function.body) == 2
+
+
+def test_math_prompts_are_distinct_word_problems_in_every_shape_and_never_an_evaluation_prompt():
+    prompts = load_math_prompts()
+    assert len(prompts) == len(set(prompts)) == 4000
+    assert not set(prompts) & {p.text for p in load_prompts("math")}
+    assert load_math_prompts(5) == prompts[:5]
+    assert load_math_prompts(5, seed=1) != prompts[:5]
+    # Questions as GSM8K words them: prose with numbers in it, ending in a question, no instruction around it.
+    assert all(p.endswith("?") and re.search(r"\d", p) for p in prompts)
+    # Many questions, not a few shapes repeated: with their numbers blanked, over half are still distinct.
+    assert len({re.sub(r"\d+", "N", p) for p in prompts}) > 2000

@@ -282,9 +282,9 @@ def test_the_recipe_continues_a_drafter_it_wrote_and_refuses_one_trained_otherwi
         train_default_drafter(tmp_path / "other", steps=2, continue_from=bare, **toy)
 
 
-def test_the_recipe_adds_code_prompts_to_a_continuation_and_keeps_the_held_out_split(real_target, tmp_path):
-    """Code prompts are answered into a corpus of their own and train beside the ShareGPT samples: the features
-    are read from the right corpus (a sample read from the wrong one fails its token-id check), the vocabulary
+def test_the_recipe_adds_code_and_math_prompts_to_a_continuation_and_keeps_the_held_out_split(real_target, tmp_path):
+    """Code and math prompts are answered into corpora of their own and train beside the ShareGPT samples: the
+    features are read from the right corpus (a sample read from the wrong one fails its token-id check), the vocabulary
     and the held-out sequences stay the parent's, and the counts are recorded."""
     from dspark.training import train_default_drafter
 
@@ -293,19 +293,23 @@ def test_the_recipe_adds_code_prompts_to_a_continuation_and_keeps_the_held_out_s
                sequences_per_step=4, num_anchors=4, answers=answers, work_dir=tmp_path / "work", calibrate=False,
                progress=False, max_new_tokens=192)
     parent = train_default_drafter(tmp_path / "parent", steps=2, **toy)
-    child = train_default_drafter(tmp_path / "child", steps=3, continue_from=parent, code_prompts=2, **toy)
+    child = train_default_drafter(tmp_path / "child", steps=3, continue_from=parent, code_prompts=2, math_prompts=2,
+                                  **toy)
     meta = json.loads((child / "config.json").read_text(encoding="utf-8"))["metadata"]
     first = json.loads((parent / "config.json").read_text(encoding="utf-8"))["metadata"]
-    assert (meta["train_sequences"], meta["code_sequences"], meta["held_out_sequences"]) == (6, 2, 2)
-    assert meta["run"]["arguments"]["code_prompts"] == 2
-    assert 0 < meta["vocab"]["code_coverage"] <= 1
+    assert (meta["train_sequences"], meta["code_sequences"], meta["math_sequences"], meta["held_out_sequences"]) == \
+        (8, 2, 2, 2)
+    assert (meta["run"]["arguments"]["code_prompts"], meta["run"]["arguments"]["math_prompts"]) == (2, 2)
+    assert 0 < meta["vocab"]["code_coverage"] <= 1 and 0 < meta["vocab"]["math_coverage"] <= 1
     assert meta["vocab"]["held_out_coverage"] == first["vocab"]["held_out_coverage"]
-    # Three steps of four sequences walk all six training sequences, both code samples among them.
+    # Three steps of four sequences walk all eight training sequences, the code and math samples among them.
     assert meta["final"]["answer_tokens_seen"] - first["final"]["answer_tokens_seen"] >= meta["train_answer_tokens"]
     with pytest.raises(ValueError, match="code_prompts must be 0 or more"):
         train_default_drafter(tmp_path / "other", steps=2, code_prompts=-1, **toy)
-    with pytest.raises(ValueError, match="standard library gives"):
+    with pytest.raises(ValueError, match="its pool holds"):
         train_default_drafter(tmp_path / "other", steps=2, code_prompts=10 ** 6, **toy)
+    with pytest.raises(ValueError, match="math_prompts must be 0 or more"):
+        train_default_drafter(tmp_path / "other", steps=2, math_prompts=-1, **toy)
 
 
 def test_the_recipe_precision_resolves_to_a_dtype_this_machine_runs_fast(tmp_path):
