@@ -8,6 +8,7 @@ signature of the public op it serves (``backend="triton"``), whose inputs are va
 import importlib
 import os
 import sys
+import types
 
 _LAUNCHERS = {
     "block_attention": "attention",
@@ -34,7 +35,10 @@ def _hand_over_the_bare_name() -> None:
     With the repository root on ``sys.path`` (``python -m`` or a notebook started there, pytest, the
     benchmark scripts) this folder is found under the bare name ``kernels``, which belongs to the Hugging
     Face distribution that transformers imports. The import system returns whatever ``sys.modules``
-    holds once this file has run, so putting the real module there hands the name over.
+    holds once this file has run, so putting the real module there hands the name over. Where that
+    distribution is not installed, the name gets an empty module with no file and no version: what a folder
+    without ``__init__`` would give, and what transformers' probe reads as "not installed" (an import error
+    here would break ``import transformers`` instead).
     """
     root = os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     saved_path = sys.path[:]
@@ -42,6 +46,10 @@ def _hand_over_the_bare_name() -> None:
     sys.path[:] = [p for p in saved_path if os.path.realpath(p or os.getcwd()) != root]
     try:
         importlib.import_module("kernels")
+    except ModuleNotFoundError as missing:
+        if missing.name != "kernels":
+            raise
+        sys.modules["kernels"] = types.ModuleType("kernels")
     finally:
         sys.path[:] = saved_path
 
