@@ -401,7 +401,8 @@ class Trainer:
 
             mapping = self.drafter.draft_to_target
             self.target_lm_head = self.target_lm_head[mapping.to(self.target_lm_head.device)]
-            self.label_index = target_to_draft(mapping, self.drafter.config.vocab_size)
+            # On the CPU: blocks are cut where the features are read, and moved to the device whole.
+            self.label_index = target_to_draft(mapping.cpu(), self.drafter.config.vocab_size)
         self.device = next(self.drafter.parameters()).device
         self.target_lm_head = self.target_lm_head.to(self.device)
         precision = self.config.precision
@@ -426,7 +427,7 @@ class Trainer:
         blocks = prepare_blocks(sample, taps, hidden, self.drafter.config.block_size, self.config.num_anchors,
                                 self.config.decay, self._generator(step, index))
         if self.label_index is not None:
-            draft_labels = self.label_index[blocks.labels]
+            draft_labels = self.label_index.to(blocks.labels.device)[blocks.labels]
             blocks.weights = blocks.weights * (draft_labels >= 0)
             blocks.labels = draft_labels.clamp(min=0)
         return blocks.to(self.device)
