@@ -183,7 +183,10 @@ def test_loss_paper_vocabulary():
                   markov_w2=rand(VOCAB, RANK, scale=0.1), confidence_logits=rand(rows))
 
     def run(backend, dtype):
-        leaves = {k: (v.to(dtype).requires_grad_() if k in ("hidden", "markov_emb", "markov_w2", "confidence_logits")
+        # Fresh leaves every run (copy=True): .to() of an fp32 tensor to fp32 returns the tensor itself, and
+        # runs sharing leaves would accumulate into, and then compare, the same .grad tensors.
+        leaves = {k: (v.to(dtype, copy=True).requires_grad_()
+                      if k in ("hidden", "markov_emb", "markov_w2", "confidence_logits")
                       else (v.to(dtype) if v.is_floating_point() else v)) for k, v in inputs.items()}
         out = dspark_loss(**leaves, backend=backend)
         out.loss.backward()
