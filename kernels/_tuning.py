@@ -3,8 +3,8 @@
 Each kernel lists configs for Hopper (sm_90) and Blackwell (sm_100 / sm_103, GB300). A config no GPU has
 timed carries a ``label`` that says ``unmeasured``: every Blackwell config (the label also says what the
 ahead-of-time compile matrix, ``benchmarks/compile_matrix.py``, found for it at the paper's shapes:
-registers, spills, shared memory, tcgen05; the lists are ordered by it), and the Hopper configs of kernels
-rewritten since the last H200 lease. No speed is claimed for them.
+registers, spills, shared memory, tcgen05; the lists are ordered by it), and any Hopper config that no H200
+lease has run. No speed is claimed for them; a Hopper config that ran says when.
 A config is a plain dict: block sizes (kernel constexprs) plus ``num_warps`` and ``num_stages``.
 
 Selection (:func:`launch`): under the Triton interpreter, or when ``DSPARK_FORCE_CONFIG=first`` (the test
