@@ -40,14 +40,15 @@ def main(argv=None) -> int:
     from dspark.data import load_prompt_mix, load_training_prompts
     from dspark.decoding import SamplingConfig, generate
     from dspark.target import cache_root, load_default_target
-    from dspark.training import code_corpus_dir
+    from dspark.training import code_corpus_dir, math_corpus_dir
 
     recipe = json.loads(args.recipe.read_text(encoding="utf-8"))
     arms = {}
     for objective, directory in trained_drafters().items():
         meta = json.loads((directory / "config.json").read_text(encoding="utf-8"))["metadata"]
-        arms[objective] = {k: meta.get(k) for k in ("steps", "train_sequences", "code_sequences", "held_out_sequences",
-                                                     "train_answer_tokens", "vocab", "curve", "final", "sts")}
+        arms[objective] = {k: meta.get(k) for k in ("steps", "train_sequences", "code_sequences", "math_sequences",
+                                                     "held_out_sequences", "train_answer_tokens", "vocab", "curve",
+                                                     "final", "sts")}
         arms[objective]["run"] = meta.get("run")
         arms[objective]["directory"] = str(directory)
         # Results measured before this used an earlier drafter.
@@ -83,7 +84,8 @@ def main(argv=None) -> int:
                                  "speedup_over_batch1": here.tokens_per_second / batch1},
                     "note": "tokens/s over whole timed runs (prefill, decoding, feature capture and writes), bf16 "
                             "target; runs may have shared the CPU with other work"}
-    code = code_corpus(code_corpus_dir(corpus_dir))
+    extra = {"code_corpus": pool_corpus(code_corpus_dir(corpus_dir)),
+             "math_corpus": pool_corpus(math_corpus_dir(corpus_dir))}
     print(f"corpus: {len(samples)} samples, {corpus_tokens} answer tokens; regeneration: {answered} answer tokens "
           f"of timed runs in {seconds:.0f} s = {answered / seconds:.0f} tok/s "
           f"({answered / seconds / batch1:.1f}x plain batch-1 generation, {batch1:.1f} tok/s); answering "
@@ -92,15 +94,15 @@ def main(argv=None) -> int:
     for name, arm in arms.items():
         print(f"{name}: {arm['steps']} steps, final τ_prob {arm['final'].get('eval_tau_prob')}, "
               f"seconds {arm['run'].get('seconds')}")
-    result = {"recipe": recipe, "regeneration": regeneration, "arms": arms}
-    if code is not None:
-        result["code_corpus"] = code
+    result = {"recipe": recipe, "regeneration": regeneration, "arms": arms,
+              **{name: corpus for name, corpus in extra.items() if corpus is not None}}
     print(write_result("training_recipe", result, args.out))
     return 0
 
 
-def code_corpus(directory: Path) -> dict | None:
-    """What the standard-library code corpus at ``directory`` holds and what answering it took, or None."""
+def pool_corpus(directory: Path) -> dict | None:
+    """What an extra prompt pool's corpus (code or word problems) at ``directory`` holds and what answering it
+    took, or None."""
     from dspark.corpus import load_corpus
 
     if not (directory / "corpus.json").exists():

@@ -221,14 +221,37 @@ def training_runs(run: dict | None) -> list[dict]:
     return runs
 
 
-def code_start_step(run: dict | None) -> int | None:
-    """The step from which a drafter's training data held standard-library code prompts, or None."""
-    done = 0
+# The prompt pools a recipe run may add to the ShareGPT sequences (``<pool>_prompts``), as the paper names them.
+POOLS = {"code": "standard-library code prompts", "math": "word problems"}
+
+
+def pool_start_steps(run: dict | None) -> dict[str, int]:
+    """The step from which a drafter's training data held each added prompt pool, for the pools it used."""
+    starts, done = {}, 0
     for r in training_runs(run):
-        if r["arguments"].get("code_prompts"):
-            return done
+        for pool in POOLS:
+            if r["arguments"].get(f"{pool}_prompts") and pool not in starts:
+                starts[pool] = done
         done += r["arguments"]["steps"]
-    return None
+    return starts
+
+
+def pools_in(meta: dict) -> list[str]:
+    """The added pools a drafter's metadata counts sequences of."""
+    return [pool for pool in POOLS if meta.get(f"{pool}_sequences")]
+
+
+def pool_sequences(meta: dict) -> str:
+    """``" (1600 of them code prompts, 1600 word problems)"``, or "" when a drafter trained on ShareGPT alone."""
+    counts = [f"{num(meta[f'{pool}_sequences'], 'd')} {'of them ' if i == 0 else ''}"
+              f"{POOLS[pool].removeprefix('standard-library ')}" for i, pool in enumerate(pools_in(meta))]
+    return f" ({', '.join(counts)})" if counts else ""
+
+
+def shipped_pools_clause(meta: dict) -> str:
+    """What the shipped DSpark drafter trained on beside ShareGPT, as a parenthesis, or ""."""
+    pools = pools_in(meta)
+    return f" (the shipped DSpark drafter's last runs also on {' and '.join(POOLS[p] for p in pools)})" if pools else ""
 
 
 def continuation_configs(arms: dict) -> str:
@@ -341,13 +364,14 @@ def continuation_sentence(run: dict | None) -> str:
         how = f"{times}, " + ", then ".join(
             f"for {', '.join(ns[:-1]) + ' and ' if len(ns) > 1 else ''}{ns[-1]} more steps at a peak learning rate "
             f"of {num(lr, 'g')}" for lr, ns in groups) + ","
-    with_code = [r for r in later if r["arguments"].get("code_prompts")]
-    data = " over the same sequences"
-    if with_code:
-        data = (" over the same ShareGPT sequences, " + ("the last run" if len(with_code) == 1 else
-                                                         f"the last {len(with_code)} runs")
-                + f" with {num(with_code[-1]['arguments']['code_prompts'], 'd')} standard-library code prompts "
-                "added (§2)")
+    added = []
+    for pool, name in POOLS.items():
+        runs_with = [r for r in later if r["arguments"].get(f"{pool}_prompts")]
+        if runs_with:
+            added.append(("the last run" if len(runs_with) == 1 else f"the last {len(runs_with)} runs")
+                         + f" with {num(runs_with[-1]['arguments'][f'{pool}_prompts'], 'd')} {name} added")
+    data = " over the same ShareGPT sequences, " + " and ".join(added) + " (§2)" if added else \
+        " over the same sequences"
     return (f" Its first {num(runs[0]['arguments']['steps'], 'd')} steps were the recipe's; it was then continued "
             + how + data + " (the learning-rate schedule restarted: warm-up, then "
             "cosine to 0; the data order and anchors picked up where training had stopped; AdamW's moments "
@@ -479,8 +503,7 @@ def section_acceptance(out: list[str], figures: Path) -> None:
                f"turns, none in the training pool), {num(result['max_new_tokens'], 'd')} new tokens, every drafted "
                "slot verified (no scheduler); τ counts the bonus token. The drafters were trained by the recipe of §2 "
                "on target-answered ShareGPT sequences with γ = 7"
-               + (" (the shipped DSpark drafter's last run also on standard-library code prompts)"
-                  if (result.get("drafter_metadata", {}).get("dspark") or {}).get("code_sequences") else "")
+               + shipped_pools_clause(result.get("drafter_metadata", {}).get("dspark") or {})
                + "; each one's layers, steps and data are listed "
                f"below the table. {eagle3_budget_sentence(result.get('drafter_metadata', {}))}"
                f"{reused_sentence(result)}Measured on {machine(result)}.\n")
@@ -507,8 +530,7 @@ def section_acceptance(out: list[str], figures: Path) -> None:
             out.append(f"- {label(name)}: {draft_layers(arguments)}, "
                        f"{num(meta[name].get('steps'), 'd')} steps on "
                        f"{num(meta[name].get('train_sequences'), 'd')} sequences"
-                       + (f" ({num(meta[name]['code_sequences'], 'd')} of them code prompts)"
-                          if meta[name].get("code_sequences") else "") + (f" in {ran}" if ran else "")
+                       + pool_sequences(meta[name]) + (f" in {ran}" if ran else "")
                        + "; held-out τ_prob "
                        f"{num(final.get('eval_tau_prob', float('nan')))} at the last evaluation."
                        + recipe_difference(arguments, recipe) + continuation_sentence(run)
@@ -530,8 +552,9 @@ def section_acceptance(out: list[str], figures: Path) -> None:
     if longer:
         out.append(f"What training past DFlash's budget adds, DSpark ({num(meta['dspark']['steps'], 'd')} steps, "
                    f"the shipped drafter) minus {label(dspark)}, on the same "
-                   + ("ShareGPT sequences, the shipped one's last run with code prompts added" if
-                      meta["dspark"].get("code_sequences") else "sequences")
+                   + ("ShareGPT sequences, the shipped one's last runs with "
+                      + " and ".join(POOLS[pool] for pool in pools_in(meta["dspark"])) + " added"
+                      if pools_in(meta["dspark"]) else "sequences")
                    + f": at T = 0 {longer[0.0]}; at "
                    f"T = 1 {longer[1.0]}.\n")
     heads, l1_term = _paired_cells(rows, "dspark-ce", "dflash"), _paired_cells(rows, dspark, "dspark-ce")
@@ -767,23 +790,30 @@ def section_training(out: list[str], figures: Path) -> None:
                    f"{num(code['answer_tokens'], 'd')} answer tokens, at {num(code['tokens_per_s'], '.0f')} tokens/s. "
                    "They train beside the ShareGPT sequences and are never held out, so held-out τ_prob is still "
                    "measured on the same ShareGPT sequences; the draft vocabulary stays the ShareGPT answers'.")
+    words = result.get("math_corpus")
+    if words:
+        out.append("- **Math data.** No training split of GSM8K ships in a PyPI package, so the target also answered "
+                   f"{num(words['samples'], 'd')} of {num(words['pool'], 'd')} grade-school word problems made from "
+                   "25 templates (rates, fractions, percentages, change, ages, averages, …; "
+                   "`dspark.data.load_math_prompts`, none an evaluation question), worded as GSM8K words its "
+                   f"questions: {num(words['answer_tokens'], 'd')} answer tokens, at "
+                   f"{num(words['tokens_per_s'], '.0f')} tokens/s. They train as the code prompts do.")
     for name, arm in arms.items():
         vocab = arm.get("vocab") or {}
         runs = training_runs(arm.get("run"))
         covered = []
         if vocab:
-            code_answers = "code_coverage" in vocab
+            added = [pool for pool in POOLS if f"{pool}_coverage" in vocab]
             covered = [f"{num(100 * vocab['train_coverage'], '.2f')}% of the "
-                       f"{'ShareGPT ' if code_answers else ''}training answers"]
-            if code_answers:
-                covered.append(f"{num(100 * vocab['code_coverage'], '.2f')}% of the code answers")
+                       f"{'ShareGPT ' if added else ''}training answers"]
+            covered += [f"{num(100 * vocab[f'{pool}_coverage'], '.2f')}% of the {pool} answers" for pool in added]
             covered.append(f"{num(100 * vocab['held_out_coverage'], '.2f')}% of the held-out ones")
         coverage = (f"draft vocabulary of {num(vocab['draft_vocab_size'], 'd')} tokens covering "
                     f"{', '.join(covered[:-1])} and {covered[-1]}; ") if vocab else "full vocabulary; "
         arguments = (runs or [{}])[0].get("arguments", {})
-        code = f", {num(arm['code_sequences'], 'd')} of them code prompts" if arm.get("code_sequences") else ""
         out.append(f"- **{label(name)}.** {draft_layers(arguments)}, "
-                   f"{num(arm['steps'], 'd')} steps on {num(arm['train_sequences'], 'd')} sequences{code} "
+                   f"{num(arm['steps'], 'd')} steps on {num(arm['train_sequences'], 'd')} sequences"
+                   f"{pool_sequences(arm)} "
                    f"({num(arm['train_answer_tokens'], 'd')} answer tokens; {coverage}"
                    f"held-out τ_prob {num(arm['final']['eval_tau_prob'])} on {num(arm['held_out_sequences'], 'd')} "
                    f"sequences). Wall-clock: {'; then '.join(wall_clock(r) for r in runs)}, building the corpus "
@@ -1653,9 +1683,10 @@ def section_limits(out: list[str]) -> None:
         lo, hi = first_epoch[0], first_epoch[-1]
         per_doubling = (hi["eval_tau_prob"] - lo["eval_tau_prob"]) / math.log2(hi["answer_tokens_seen"]
                                                                                 / lo["answer_tokens_seen"])
-        code_from = code_start_step(recipe["arms"]["dspark"].get("run"))
+        starts = pool_start_steps(recipe["arms"]["dspark"].get("run"))
+        added_from = min(starts.values(), default=None)
         repeated = [c for c in curve if c["answer_tokens_seen"] > recipe["regeneration"]["answer_tokens"]
-                    and (code_from is None or c["step"] <= code_from)]
+                    and (added_from is None or c["step"] <= added_from)]
         second_pass = ""
         if repeated:
             last = repeated[-1]
@@ -1667,10 +1698,10 @@ def section_limits(out: list[str]) -> None:
                            f"({num(last['answer_tokens_seen'] / 1e3, '.0f')}k answer tokens seen), took it to "
                            f"{num(last['eval_tau_prob'])}: about {num(again, '.2f')} per doubling of the tokens "
                            f"seen, so at this scale repeated sequences teach {verdict} new ones did.")
-        if code_from is not None and curve[-1]["step"] > code_from:
-            second_pass += (f" With standard-library code prompts added to its data from step {num(code_from, 'd')} "
-                            f"(§2), it reached {num(curve[-1]['eval_tau_prob'])} at step "
-                            f"{num(curve[-1]['step'], 'd')} on the same held-out ShareGPT sequences.")
+        if added_from is not None and curve[-1]["step"] > added_from:
+            added = " and ".join(f"{POOLS[pool]} from step {num(step, 'd')}" for pool, step in starts.items())
+            second_pass += (f" With {added} added to its data (§2), it reached {num(curve[-1]['eval_tau_prob'])} "
+                            f"at step {num(curve[-1]['step'], 'd')} on the same held-out ShareGPT sequences.")
         subject = "The shipped DSpark drafter decodes"
         if predates_shipped_drafter(acceptance):
             subject = (f"The DSpark drafter at {acceptance_steps(acceptance)} steps (§1, not re-measured for the "

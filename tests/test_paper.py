@@ -130,15 +130,24 @@ def test_continuations_are_described_run_by_run():
     assert rates.startswith(" Its first 4000 steps were the recipe's;")
 
 
-def test_a_continuation_that_added_code_prompts_says_so_and_from_which_step():
+def test_a_continuation_that_added_prompt_pools_says_so_and_from_which_step():
     plain = _continued([4000, 2000], [1e-3, 5e-4])
     assert "over the same sequences (" in builder.continuation_sentence(plain)
-    assert builder.code_start_step(plain) is None
+    assert builder.pool_start_steps(plain) == {}
     with_code = _continued([4000, 2000, 8000], [1e-3, 5e-4, 3e-4])
     with_code["arguments"]["code_prompts"] = 1600
     sentence = builder.continuation_sentence(with_code)
-    assert "over the same ShareGPT sequences, the last run with 1600 standard-library code prompts added" in sentence
-    assert builder.code_start_step(with_code) == 6000
+    assert "over the same ShareGPT sequences, the last run with 1600 standard-library code prompts added (" in sentence
+    assert builder.pool_start_steps(with_code) == {"code": 6000}
+    both = {"arguments": {"steps": 6000, "lr": 3e-4, "code_prompts": 1600, "math_prompts": 1200},
+            "parent": {"run": with_code}}
+    sentence = builder.continuation_sentence(both)
+    assert "the last 2 runs with 1600 standard-library code prompts added and the last run with 1200 word problems " \
+           "added (§2)" in sentence
+    assert builder.pool_start_steps(both) == {"code": 6000, "math": 14000}
+    assert builder.pool_sequences({"code_sequences": 1600, "math_sequences": 1200}) == \
+        " (1600 of them code prompts, 1200 word problems)"
+    assert builder.pool_sequences({"code_sequences": 0}) == ""
 
 
 def test_continuation_configs_are_named_from_the_runs_each_arm_recorded():
