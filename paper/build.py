@@ -251,7 +251,8 @@ def pool_sequences(meta: dict) -> str:
 def shipped_pools_clause(meta: dict) -> str:
     """What the shipped DSpark drafter trained on beside ShareGPT, as a parenthesis, or ""."""
     pools = pools_in(meta)
-    return f" (the shipped DSpark drafter's last runs also on {' and '.join(POOLS[p] for p in pools)})" if pools else ""
+    return f" (the shipped DSpark drafter's later training also on {' and '.join(POOLS[p] for p in pools)})" \
+        if pools else ""
 
 
 def continuation_configs(arms: dict) -> str:
@@ -552,7 +553,7 @@ def section_acceptance(out: list[str], figures: Path) -> None:
     if longer:
         out.append(f"What training past DFlash's budget adds, DSpark ({num(meta['dspark']['steps'], 'd')} steps, "
                    f"the shipped drafter) minus {label(dspark)}, on the same "
-                   + ("ShareGPT sequences, the shipped one's last runs with "
+                   + ("ShareGPT sequences, the shipped one's later training with "
                       + " and ".join(POOLS[pool] for pool in pools_in(meta["dspark"])) + " added"
                       if pools_in(meta["dspark"]) else "sequences")
                    + f": at T = 0 {longer[0.0]}; at "
