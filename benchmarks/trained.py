@@ -6,8 +6,9 @@ package, the baselines under ``benchmarks/drafters/``, so the comparisons can be
 without retraining.
 
 The arms: ``dspark`` (the recipe, then a third and a fourth pass over its data, a fifth and sixth in one
-schedule, four more in another, four and a half more in another, and 8,000 steps more with standard-library
-code prompts added: ``smollm2_drafter_pass3.json`` to ``smollm2_drafter_pass8.json``),
+schedule, four more in another, four and a half more in another, 8,000 steps more with standard-library
+code prompts added, and 6,000 more with word problems added too: ``smollm2_drafter_pass3.json`` to
+``smollm2_drafter_pass9.json``),
 ``dflash`` and ``eagle3`` (its ``--objective`` baselines; DFlash continued for a third and a fourth pass), and
 ``dspark-ce``, the DSpark drafter trained on cross-entropy alone (``--ce-weight 1 --l1-weight 0``, continued by
 ``smollm2_drafter_ce_pass3.json`` and ``smollm2_drafter_ce_pass4.json``): the DSpark architecture with DFlash's
