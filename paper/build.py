@@ -795,7 +795,7 @@ def section_training(out: list[str], figures: Path) -> None:
     if words:
         out.append("- **Math data.** No training split of GSM8K ships in a PyPI package, so the target also answered "
                    f"{num(words['samples'], 'd')} of {num(words['pool'], 'd')} grade-school word problems made from "
-                   "25 templates (rates, fractions, percentages, change, ages, averages, …; "
+                   "templates (rates, fractions, percentages, change, ages, averages, …; "
                    "`dspark.data.load_math_prompts`, none an evaluation question), worded as GSM8K words its "
                    f"questions: {num(words['answer_tokens'], 'd')} answer tokens, at "
                    f"{num(words['tokens_per_s'], '.0f')} tokens/s. They train as the code prompts do.")
