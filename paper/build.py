@@ -241,11 +241,10 @@ def pools_in(meta: dict) -> list[str]:
     return [pool for pool in POOLS if meta.get(f"{pool}_sequences")]
 
 
-def pool_sequences(meta: dict) -> str:
-    """``" (1600 of them code prompts, 1600 word problems)"``, or "" when a drafter trained on ShareGPT alone."""
-    counts = [f"{num(meta[f'{pool}_sequences'], 'd')} {'of them ' if i == 0 else ''}"
-              f"{POOLS[pool].removeprefix('standard-library ')}" for i, pool in enumerate(pools_in(meta))]
-    return f" ({', '.join(counts)})" if counts else ""
+def pool_counts(meta: dict) -> str:
+    """``"1600 of them code prompts, 1600 word problems"``, or "" when a drafter trained on ShareGPT alone."""
+    return ", ".join(f"{num(meta[f'{pool}_sequences'], 'd')} {'of them ' if i == 0 else ''}"
+                     f"{POOLS[pool].removeprefix('standard-library ')}" for i, pool in enumerate(pools_in(meta)))
 
 
 def shipped_pools_clause(meta: dict) -> str:
@@ -531,7 +530,8 @@ def section_acceptance(out: list[str], figures: Path) -> None:
             out.append(f"- {label(name)}: {draft_layers(arguments)}, "
                        f"{num(meta[name].get('steps'), 'd')} steps on "
                        f"{num(meta[name].get('train_sequences'), 'd')} sequences"
-                       + pool_sequences(meta[name]) + (f" in {ran}" if ran else "")
+                       + (f" ({pool_counts(meta[name])})" if pools_in(meta[name]) else "")
+                       + (f" in {ran}" if ran else "")
                        + "; held-out τ_prob "
                        f"{num(final.get('eval_tau_prob', float('nan')))} at the last evaluation."
                        + recipe_difference(arguments, recipe) + continuation_sentence(run)
@@ -814,7 +814,7 @@ def section_training(out: list[str], figures: Path) -> None:
         arguments = (runs or [{}])[0].get("arguments", {})
         out.append(f"- **{label(name)}.** {draft_layers(arguments)}, "
                    f"{num(arm['steps'], 'd')} steps on {num(arm['train_sequences'], 'd')} sequences"
-                   f"{pool_sequences(arm)} "
+                   f"{', ' + pool_counts(arm) if pools_in(arm) else ''} "
                    f"({num(arm['train_answer_tokens'], 'd')} answer tokens; {coverage}"
                    f"held-out τ_prob {num(arm['final']['eval_tau_prob'])} on {num(arm['held_out_sequences'], 'd')} "
                    f"sequences). Wall-clock: {'; then '.join(wall_clock(r) for r in runs)}, building the corpus "

@@ -24,7 +24,7 @@ def test_code_prompts_are_stdlib_stubs_worded_as_humaneval_and_never_an_evaluati
         assert ast.get_docstring(function) is not None and len(function.body) == 2
 
 
-def test_math_prompts_are_distinct_word_problems_in_every_shape_and_never_an_evaluation_prompt():
+def test_math_prompts_are_distinct_varied_word_problems_and_never_an_evaluation_prompt():
     prompts = load_math_prompts()
     assert len(prompts) == len(set(prompts)) == 4000
     assert not set(prompts) & {p.text for p in load_prompts("math")}

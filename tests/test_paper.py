@@ -145,9 +145,9 @@ def test_a_continuation_that_added_prompt_pools_says_so_and_from_which_step():
     assert "the last 2 runs with 1600 standard-library code prompts added and the last run with 1200 word problems " \
            "added (§2)" in sentence
     assert builder.pool_start_steps(both) == {"code": 6000, "math": 14000}
-    assert builder.pool_sequences({"code_sequences": 1600, "math_sequences": 1200}) == \
-        " (1600 of them code prompts, 1200 word problems)"
-    assert builder.pool_sequences({"code_sequences": 0}) == ""
+    assert builder.pool_counts({"code_sequences": 1600, "math_sequences": 1200}) == \
+        "1600 of them code prompts, 1200 word problems"
+    assert builder.pool_counts({"code_sequences": 0}) == ""
 
 
 def test_continuation_configs_are_named_from_the_runs_each_arm_recorded():
