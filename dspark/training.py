@@ -704,18 +704,24 @@ def math_corpus_dir(corpus_dir: Path) -> Path:
 
 
 def _pool_samples(answering, pool: list[str], directory: Path, count: int, key_offset: int, *, what: str,
-                  max_new_tokens: int, progress: bool) -> list[Sample]:
+                  max_new_tokens: int, answers: str | os.PathLike | None, progress: bool) -> list[Sample]:
     """The first ``count`` prompts of ``pool`` in a corpus's shuffled order, answered into ``directory`` by
-    ``answering`` (or read from it), keyed from ``key_offset``."""
-    from dspark.corpus import build_corpus, corpus_order, load_corpus
+    ``answering`` (or read from it), keyed from ``key_offset``. With ``answers`` (an archive of this pool's
+    answers), the answers it holds are rebuilt from it and only the prompts it lacks are answered."""
+    from dspark.corpus import build_corpus, corpus_order, load_corpus, rebuild_corpus, sample_path
 
     if count > len(pool):
         raise ValueError(f"{what}_prompts={count}, but its pool holds {len(pool)} prompts")
     if not count:
         return []
-    build_corpus(answering, pool, directory, max_new_tokens=max_new_tokens, max_samples=count, progress=progress)
-    return [Sample(s.token_ids, s.loss_mask, key=key_offset + s.key)
-            for s in load_corpus(directory, corpus_order(len(pool))[:count])]
+    wanted = corpus_order(len(pool))[:count]
+    if answers is not None:
+        rebuild_corpus(answering, pool, answers, directory, max_new_tokens=max_new_tokens, keys=wanted,
+                       progress=progress)
+    if answers is None or not all(sample_path(directory, key).exists() for key in wanted):
+        build_corpus(answering, pool, directory, max_new_tokens=max_new_tokens, max_samples=count,
+                     progress=progress)
+    return [Sample(s.token_ids, s.loss_mask, key=key_offset + s.key) for s in load_corpus(directory, wanted)]
 
 
 def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "dspark", num_prompts: int | None = None,
@@ -725,6 +731,8 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
                           precision: str = "auto", held_out: int = 48, eval_every: int = 200,
                           seed: int = 0, ce_weight: float | None = None, l1_weight: float | None = None,
                           answers: str | os.PathLike | None = None, code_prompts: int = 0, math_prompts: int = 0,
+                          code_answers: str | os.PathLike | None = None,
+                          math_answers: str | os.PathLike | None = None,
                           continue_from: str | os.PathLike | None = None,
                           work_dir: str | os.PathLike | None = None, calibrate: bool = True,
                           progress: bool = True) -> Path:
@@ -746,6 +754,7 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
        their own: they train beside the ShareGPT samples (shuffled in among them) and are never held out,
        so τ_prob stays measured on the same held-out ShareGPT sequences. ``math_prompts`` does the same with
        grade-school word problems made from templates (:func:`dspark.data.load_math_prompts`).
+       ``code_answers`` and ``math_answers`` are those corpora's archives, read as ``answers`` is.
     2. ``vocab``: with ``draft_vocab_size``, the draft vocabulary is the most frequent answer tokens of the
        ShareGPT training split (plus EOS), so adding code or math prompts keeps a drafter's vocabulary; its
        coverage of the training, held-out, code and math answers is recorded.
@@ -789,9 +798,11 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     if precision not in ("auto", "fp32", "bf16"):
         raise ValueError(f"precision must be 'auto', 'fp32' or 'bf16', got {precision!r}")
     TrainConfig(objective=objective, ce_weight=ce_weight, l1_weight=l1_weight)  # refuse bad weights up front
-    for what, count in (("code", code_prompts), ("math", math_prompts)):
+    for what, count, archive in (("code", code_prompts, code_answers), ("math", math_prompts, math_answers)):
         if count < 0:
             raise ValueError(f"{what}_prompts must be 0 or more, got {count}")
+        if archive is not None and not count:
+            raise ValueError(f"{what}_answers is given but {what}_prompts is 0, so the archive would not be read")
     resolved = fastest_precision("cpu") if precision == "auto" else precision
     corpus_dir = recipe_corpus_dir(work, resolved, max_new_tokens, num_prompts)
     prompts = load_training_prompts(num_prompts)
@@ -805,9 +816,11 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
                      progress=progress)
     code_dir, math_dir = code_corpus_dir(corpus_dir), math_corpus_dir(corpus_dir)
     code_samples = _pool_samples(answering, load_code_prompts() if code_prompts else [], code_dir, code_prompts,
-                                 CODE_KEY_OFFSET, what="code", max_new_tokens=max_new_tokens, progress=progress)
+                                 CODE_KEY_OFFSET, what="code", max_new_tokens=max_new_tokens, answers=code_answers,
+                                 progress=progress)
     math_samples = _pool_samples(answering, load_math_prompts() if math_prompts else [], math_dir, math_prompts,
-                                 MATH_KEY_OFFSET, what="math", max_new_tokens=max_new_tokens, progress=progress)
+                                 MATH_KEY_OFFSET, what="math", max_new_tokens=max_new_tokens, answers=math_answers,
+                                 progress=progress)
     del answering
     samples = load_corpus(corpus_dir, corpus_order(len(prompts))[:corpus_samples])
     if len(samples) <= held_out:
@@ -896,6 +909,8 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
                  "calibrate": calibrate,
                  "answers": None if answers is None else Path(answers).name, "code_prompts": code_prompts,
                  "math_prompts": math_prompts,
+                 "code_answers": None if code_answers is None else Path(code_answers).name,
+                 "math_answers": None if math_answers is None else Path(math_answers).name,
                  "continue_from": None if parent is None else parent["directory"]}
     curve = [{k: row[k] for k in ("step", "answer_tokens_seen", "eval_tau_prob", "eval_accuracy")}
              for row in trainer.history if "eval_tau_prob" in row]

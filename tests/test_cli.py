@@ -33,12 +33,15 @@ def test_unknown_config_keys_are_refused(tmp_path):
         _train_settings(_args(config=str(config)))
 
 
-def test_a_config_names_its_answers_archive_relative_to_itself(tmp_path, monkeypatch):
+def test_a_config_names_its_answers_archives_relative_to_itself(tmp_path, monkeypatch):
     (tmp_path / "recipes").mkdir()
     config = tmp_path / "recipes" / "run.json"
-    config.write_text(json.dumps({"answers": "run.answers.npz"}), encoding="utf-8")
+    archives = {"answers": "run.answers.npz", "code_answers": "code.answers.npz", "math_answers": "math.answers.npz"}
+    config.write_text(json.dumps(archives), encoding="utf-8")
     monkeypatch.chdir(tmp_path)
-    assert _train_settings(_args(config="recipes/run.json"))["answers"] == str(tmp_path / "recipes" / "run.answers.npz")
+    settings = _train_settings(_args(config="recipes/run.json"))
+    assert {key: settings[key] for key in archives} == {key: str(tmp_path / "recipes" / name)
+                                                         for key, name in archives.items()}
 
 
 def test_a_config_names_the_drafter_it_continues_relative_to_itself(tmp_path, monkeypatch):

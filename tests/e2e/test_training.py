@@ -310,6 +310,49 @@ def test_the_recipe_adds_code_and_math_prompts_to_a_continuation_and_keeps_the_h
         train_default_drafter(tmp_path / "other", steps=2, code_prompts=10 ** 6, **toy)
     with pytest.raises(ValueError, match="math_prompts must be 0 or more"):
         train_default_drafter(tmp_path / "other", steps=2, math_prompts=-1, **toy)
+    with pytest.raises(ValueError, match="math_answers is given but math_prompts is 0"):
+        train_default_drafter(tmp_path / "other", steps=2, math_answers=tmp_path / "any.npz", **toy)
+
+
+def test_the_recipe_rebuilds_code_and_math_corpora_from_their_archives_without_answering(real_target, tmp_path):
+    """On a fresh cache, ``code_answers`` and ``math_answers`` rebuild the pools' corpora from archives: no prompt
+    is answered again (the manifests keep the archives' answering runs and add one rebuild), the samples hold
+    the same tokens, and a continuation trains on them as on the answered corpora."""
+    from dspark.corpus import load_corpus, save_answers
+    from dspark.training import (
+        code_corpus_dir,
+        fastest_precision,
+        math_corpus_dir,
+        recipe_corpus_dir,
+        train_default_drafter,
+    )
+
+    answers = Path(__file__).resolve().parents[2] / "benchmarks" / "recipes" / "smollm2_drafter.answers.npz"
+    toy = dict(corpus_samples=6, num_draft_layers=1, draft_vocab_size=256, held_out=2, eval_every=2,
+               sequences_per_step=4, num_anchors=4, answers=answers, calibrate=False, progress=False,
+               max_new_tokens=192)
+    parent = train_default_drafter(tmp_path / "parent", steps=2, work_dir=tmp_path / "answered", **toy)
+    pools = dict(code_prompts=2, math_prompts=3)
+    answered = train_default_drafter(tmp_path / "answered-child", steps=2, continue_from=parent,
+                                     work_dir=tmp_path / "answered", **pools, **toy)
+    precision = fastest_precision("cpu")
+    corpus = recipe_corpus_dir(tmp_path / "answered", precision, 192)
+    archives = {f"{what}_answers": save_answers(directory(corpus), tmp_path / f"{what}.answers.npz")
+                for what, directory in (("code", code_corpus_dir), ("math", math_corpus_dir))}
+    rebuilt = train_default_drafter(tmp_path / "rebuilt-child", steps=2, continue_from=parent,
+                                    work_dir=tmp_path / "fresh", **pools, **archives, **toy)
+    fresh = recipe_corpus_dir(tmp_path / "fresh", precision, 192)
+    for directory in (code_corpus_dir, math_corpus_dir):
+        before, after = (json.loads((directory(c) / "corpus.json").read_text(encoding="utf-8"))
+                         for c in (corpus, fresh))
+        assert after["runs"] == before["runs"] and len(after["rebuilds"]) == 1
+        assert [(s.key, s.token_ids.tolist(), s.loss_mask.tolist()) for s in load_corpus(directory(corpus))] == \
+            [(s.key, s.token_ids.tolist(), s.loss_mask.tolist()) for s in load_corpus(directory(fresh))]
+    metas = [json.loads((d / "config.json").read_text(encoding="utf-8"))["metadata"] for d in (answered, rebuilt)]
+    assert [(m["code_sequences"], m["math_sequences"], m["train_answer_tokens"]) for m in metas] == \
+        [(2, 3, metas[0]["train_answer_tokens"])] * 2
+    assert (metas[1]["run"]["arguments"]["code_answers"], metas[1]["run"]["arguments"]["math_answers"]) == \
+        ("code.answers.npz", "math.answers.npz")
 
 
 def test_the_recipe_precision_resolves_to_a_dtype_this_machine_runs_fast(tmp_path):
