@@ -703,24 +703,35 @@ def math_corpus_dir(corpus_dir: Path) -> Path:
     return corpus_dir.with_name(corpus_dir.name + "-word-problems")
 
 
+def _answered_corpus(answering, prompts: list[str], directory: Path, count: int | None,
+                     answers: str | os.PathLike | None, *, max_new_tokens: int, progress: bool) -> list[int]:
+    """Make sure ``directory`` holds the first ``count`` (``None``: all) prompts of ``prompts`` in a corpus's
+    shuffled order, answered by ``answering``; with ``answers`` (an archive of this corpus), the answers it holds
+    are rebuilt from it and only the prompts it lacks are answered. Returns those prompts' keys."""
+    from dspark.corpus import build_corpus, corpus_order, rebuild_corpus, sample_path
+
+    wanted = corpus_order(len(prompts))[:count]
+    if answers is not None:
+        rebuild_corpus(answering, prompts, answers, directory, max_new_tokens=max_new_tokens, keys=wanted,
+                       progress=progress)
+    if answers is None or not all(sample_path(directory, key).exists() for key in wanted):
+        build_corpus(answering, prompts, directory, max_new_tokens=max_new_tokens, max_samples=count,
+                     progress=progress)
+    return wanted
+
+
 def _pool_samples(answering, pool: list[str], directory: Path, count: int, key_offset: int, *, what: str,
                   max_new_tokens: int, answers: str | os.PathLike | None, progress: bool) -> list[Sample]:
-    """The first ``count`` prompts of ``pool`` in a corpus's shuffled order, answered into ``directory`` by
-    ``answering`` (or read from it), keyed from ``key_offset``. With ``answers`` (an archive of this pool's
-    answers), the answers it holds are rebuilt from it and only the prompts it lacks are answered."""
-    from dspark.corpus import build_corpus, corpus_order, load_corpus, rebuild_corpus, sample_path
+    """The first ``count`` prompts of ``pool`` answered into ``directory`` (:func:`_answered_corpus`), keyed
+    from ``key_offset``."""
+    from dspark.corpus import load_corpus
 
     if count > len(pool):
         raise ValueError(f"{what}_prompts={count}, but its pool holds {len(pool)} prompts")
     if not count:
         return []
-    wanted = corpus_order(len(pool))[:count]
-    if answers is not None:
-        rebuild_corpus(answering, pool, answers, directory, max_new_tokens=max_new_tokens, keys=wanted,
-                       progress=progress)
-    if answers is None or not all(sample_path(directory, key).exists() for key in wanted):
-        build_corpus(answering, pool, directory, max_new_tokens=max_new_tokens, max_samples=count,
-                     progress=progress)
+    wanted = _answered_corpus(answering, pool, directory, count, answers, max_new_tokens=max_new_tokens,
+                              progress=progress)
     return [Sample(s.token_ids, s.loss_mask, key=key_offset + s.key) for s in load_corpus(directory, wanted)]
 
 
@@ -788,7 +799,7 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     shared weights.
     """
     from dspark.checkpoint import save_drafter
-    from dspark.corpus import build_corpus, corpus_order, load_corpus, rebuild_corpus, sample_path
+    from dspark.corpus import load_corpus
     from dspark.data import load_code_prompts, load_math_prompts, load_training_prompts
     from dspark.target import cache_root, load_default_target
 
@@ -807,13 +818,8 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     corpus_dir = recipe_corpus_dir(work, resolved, max_new_tokens, num_prompts)
     prompts = load_training_prompts(num_prompts)
     answering = load_default_target(dtype=torch.bfloat16 if resolved == "bf16" else torch.float32)
-    wanted = corpus_order(len(prompts))[:corpus_samples]
-    if answers is not None:
-        rebuild_corpus(answering, prompts, answers, corpus_dir, max_new_tokens=max_new_tokens, keys=wanted,
-                       progress=progress)
-    if answers is None or not all(sample_path(corpus_dir, key).exists() for key in wanted):
-        build_corpus(answering, prompts, corpus_dir, max_new_tokens=max_new_tokens, max_samples=corpus_samples,
-                     progress=progress)
+    wanted = _answered_corpus(answering, prompts, corpus_dir, corpus_samples, answers,
+                              max_new_tokens=max_new_tokens, progress=progress)
     code_dir, math_dir = code_corpus_dir(corpus_dir), math_corpus_dir(corpus_dir)
     code_samples = _pool_samples(answering, load_code_prompts() if code_prompts else [], code_dir, code_prompts,
                                  CODE_KEY_OFFSET, what="code", max_new_tokens=max_new_tokens, answers=code_answers,
@@ -822,7 +828,7 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
                                  MATH_KEY_OFFSET, what="math", max_new_tokens=max_new_tokens, answers=math_answers,
                                  progress=progress)
     del answering
-    samples = load_corpus(corpus_dir, corpus_order(len(prompts))[:corpus_samples])
+    samples = load_corpus(corpus_dir, wanted)
     if len(samples) <= held_out:
         raise ValueError(f"the corpus holds {len(samples)} samples, not more than the {held_out} held out")
     train, evaluation = samples[:-held_out], samples[-held_out:]
