@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One GPU run, at most 13 minutes on one H100/H200-class card, everything it measures written to $OUT
+# One GPU run, at most 14 minutes on one H100/H200-class card, everything it measures written to $OUT
 # (default benchmarks/results); copy it back under benchmarks/results/. Stages, each under its own
 # timeout so one failure still leaves the others' results:
 #   1. the target's SPS curve (random-weight SmolLM2-135M and Qwen3-8B architectures, bf16)
@@ -56,9 +56,10 @@ stage() {  # stage ID NAME SECONDS COMMAND...
   [ "$rc" -eq 0 ] || status=1
 }
 stage sps "SPS profile" 90 python benchmarks/bench_sps.py --device cuda --out "$OUT"
-# The paper-scale checks first (84 s of tests on an H200): the hypothesis suite after them is the one a
-# timeout may cut short.
-stage paper-checks "paper-scale kernel checks" 120 python -m pytest -q -p no:cacheprovider tests/gpu
+# The paper-scale checks first: the hypothesis suite after them is the one a timeout may cut short. On a fresh
+# machine Triton compiles every kernel first: the paper-scale checks took over 120 s there and 21 s once
+# compiled, the kernel tests 16 tests in 200 s there and all 36 in 88 s once compiled (H200, Triton 3.6).
+stage paper-checks "paper-scale kernel checks" 180 python -m pytest -q -p no:cacheprovider tests/gpu
 stage kernel-tests "kernel tests" 200 env HYPOTHESIS_PROFILE=ci python -m pytest -q --maxfail=5 -p no:cacheprovider \
   tests/kernels --deselect tests/kernels/test_compile_matrix.py
 stage kernel-benchmark "kernel benchmark" 120 env DSPARK_AUTOTUNE=1 python benchmarks/bench_kernels.py --device cuda \
