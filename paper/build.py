@@ -115,6 +115,8 @@ SOURCES = {
     "training_cpu_default": LIBRARY + ["benchmarks/bench_training.py"],
     "training_cpu_recipe": LIBRARY + ["benchmarks/bench_training.py"],
     "training_cuda_paper": LIBRARY + ["benchmarks/bench_training.py"],
+    "training_cuda_recipe": LIBRARY + ["benchmarks/bench_training.py"],
+    "round_cuda": LIBRARY + ["benchmarks/bench_round.py"],
     "compile_matrix_triton3.9": ["kernels", "benchmarks/compile_matrix.py"],
     "compile_matrix_triton3.6": ["kernels", "benchmarks/compile_matrix.py"],
 }
@@ -1441,6 +1443,7 @@ def section_speed(out: list[str], figures: Path) -> None:
                        f"{num(parts['target'], '.2f')} | {num(parts['verify'], '.2f')} | {num(other, '.2f')} | "
                        f"{'yes' if r['identical_outputs'] else 'no'} |")
         out.append("")
+    _section_round_cuda(out)
     kernels = load("kernels_cpu")
     if kernels is not None:
         out.append("**PyTorch modules against the loop references** (`benchmarks/bench_kernels.py --device cpu`, "
@@ -1499,8 +1502,8 @@ def section_speed(out: list[str], figures: Path) -> None:
                    "all three architectures, but no GPU has timed it yet: `bench_kernels.py` has its "
                    "`block_attention_fwd_bwd` row ready for the next lease.\n")
     _section_compile_matrix(out)
-    training = [t for t in (load("training_cpu_default"), load("training_cpu_recipe"), load("training_cuda_paper"))
-                if t is not None]
+    training = [t for t in (load("training_cpu_default"), load("training_cpu_recipe"), load("training_cuda_recipe"),
+                            load("training_cuda_paper")) if t is not None]
     if training:
         out.append("**Training step memory and throughput** (`benchmarks/bench_training.py`): the same drafter and "
                    "synthetic features, a few Trainer steps per variant in a fresh process; peak memory above what "
@@ -1525,6 +1528,38 @@ def section_speed(out: list[str], figures: Path) -> None:
                            f"{num(r['peak_bytes_above_start'] / 2**20, '.0f')} | {versus} |")
         out.append("")
     _section_sps(out, figures)
+
+
+def _section_round_cuda(out: list[str]) -> None:
+    """What a round costs on a GPU, where the real weights cannot travel (``bench_round.py``)."""
+    rounds = load("round_cuda")
+    if rounds is None:
+        return
+    out.append(f"**What a round costs on a GPU** (`benchmarks/bench_round.py`, measured on {machine(rounds)}): a "
+               "random-weight bf16 target of SmolLM2-135M's shapes and a random drafter of the shipped drafter's "
+               "shapes, eager PyTorch, every drafted slot verified, "
+               f"{num(rounds['max_new_tokens'], 'd')} new tokens per request, the median of "
+               "interleaved runs. Random weights accept almost nothing, so only the cost is a result: the round in "
+               "target steps is the τ a drafter must reach to break even there. The parts are host-side times: a "
+               "part that only queues work shows little and the part that waits for it shows the rest, so only "
+               "their sum is the round's cost. Eager PyTorch launches every kernel of a 135M model from Python, so "
+               "a step is bound by the host, whose timings varied between two runs on the same machine (the "
+               "other is in `gpu_check.log`): read these as rough.\n")
+    out.append("| batch | drafting kernels | target step (ms) | round (target steps) | draft | verify forward | "
+               "verification | other | outputs identical |")
+    out.append("|---|---|---|---|---|---|---|---|---|")
+    for r in rounds["rows"]:
+        for backend in ("triton", "torch"):
+            if backend not in r:
+                continue
+            b = r[backend]
+            parts = b["round_parts_in_target_steps"]
+            out.append(f"| {num(r['batch'], 'd')} | {backend} | {num(r['target_step_ms'], '.1f')} | "
+                       f"{num(b['round_in_target_steps'], '.2f')} | {num(parts['draft'], '.2f')} | "
+                       f"{num(parts['target'], '.2f')} | {num(parts['verify'], '.2f')} | "
+                       f"{num(parts['schedule'] + parts['bookkeeping'], '.2f')} | "
+                       f"{'yes' if b['identical_to_target_only'] else 'no'} |")
+    out.append("")
 
 
 def _section_sps(out: list[str], figures: Path) -> None:
