@@ -53,7 +53,8 @@ def _train_settings(args) -> dict:
         unknown = set(loaded) - allowed
         if unknown:
             raise SystemExit(f"{args.config}: unknown settings {sorted(unknown)}; allowed: {sorted(allowed)}")
-        for key in ("answers", "code_answers", "math_answers", "continue_from"):  # relative to the config file
+        # Paths are relative to the config file.
+        for key in ("answers", "code_answers", "math_answers", "math2_answers", "continue_from"):
             if loaded.get(key) is not None:
                 loaded[key] = str(Path(args.config).resolve().parent / loaded[key])
         settings.update(loaded)

@@ -154,30 +154,36 @@ def load_prompt_mix(per_domain: int, offset: int = 0) -> list[Prompt]:
     return [p for group in zip(*by_domain) for p in group]
 
 
-def load_math_prompts(limit: int | None = None, *, seed: int = 0) -> list[str]:
+def load_math_prompts(limit: int | None = None, *, seed: int = 0, series: int = 1) -> list[str]:
     """Grade-school word problems made from templates, worded as the math evaluation's (GSM8K) questions are.
 
     The ShareGPT pool holds few multi-step arithmetic questions, and no training split of GSM8K ships in a
-    PyPI package. These are generated instead: 25 problem shapes (rates, fractions, percentages, change,
-    ages, averages, ...), each filled with random names, objects and small round numbers. Only the questions
-    matter: the target answers them, and its answers are what a drafter learns. 4,000 prompts, deduplicated,
-    in the order ``seed`` draws them (so a limit keeps a prefix), never an evaluation prompt.
+    PyPI package. These are generated instead, each template filled with random names, objects and small round
+    numbers. Only the questions matter: the target answers them, and its answers are what a drafter learns.
+    Two series of problem shapes, kept apart so that a corpus answered from one stays valid when the other
+    grows:
+
+    - ``series=1``: 25 shapes (rates, fractions, percentages, change, ages, averages, ...), 4,000 prompts.
+    - ``series=2``: 25 other shapes (profit, unit conversion, ratios, schedules, overtime, fuel, series that
+      grow day by day, ...), 2,000 prompts.
+
+    Deduplicated, in the order ``seed`` draws them (so a limit keeps a prefix), never an evaluation prompt.
     """
     import random
 
+    if series not in _MATH_SERIES:
+        raise ValueError(f"series must be one of {sorted(_MATH_SERIES)}, got {series!r}")
+    shapes, size = _MATH_SERIES[series]
     rng = random.Random(seed)
     held_out = {p.text for p in load_prompts("math")}
     seen, prompts = set(), []
-    while len(prompts) < _MATH_POOL_SIZE:
-        template = rng.choice(_WORD_PROBLEMS)
+    while len(prompts) < size:
+        template = rng.choice(shapes)
         prompt = template(rng, *rng.sample(_PEOPLE, 3))
         if prompt not in seen and prompt not in held_out:
             seen.add(prompt)
             prompts.append(prompt)
     return prompts[:limit]
-
-
-_MATH_POOL_SIZE = 4000
 
 
 @dataclass(frozen=True)
@@ -391,3 +397,176 @@ def _work_rate(rng, a, b, c):
 _WORD_PROBLEMS = (_sold_twice, _hourly_pay, _saving_up, _reading, _discount, _two_legs, _ages, _recipe, _weekly_runs,
                   _giving_away, _fence, _growth, _change, _class, _practice, _legs, _factory, _tank, _tip,
                   _collection, _compare_three, _average, _fundraiser, _pizza, _work_rate)
+
+
+def _resale(rng, a, b, c):
+    n, cost = rng.randrange(10, 60, 5), rng.randint(2, 20)
+    return (f"{a.name} buys {n} {rng.choice(_ITEMS)} for ${cost} each and sells them at a craft fair for "
+            f"${cost + rng.randint(1, 9)} each. {a.He} pays ${rng.randrange(10, 60, 5)} for the stall. If {a.he} sells "
+            f"all of them, how much profit does {a.he} make?")
+
+
+def _ribbon(rng, a, b, c):
+    piece = rng.choice([3, 4, 6, 8, 9, 12])
+    feet = piece * rng.randint(1, 5)  # a whole number of pieces
+    return (f"{a.name} has a ribbon {feet} feet long. {a.He} cuts it into pieces that are {piece} inches long. "
+            f"How many pieces does {a.he} get?")
+
+
+def _school_day(rng, a, b, c):
+    start, lesson, lessons, lunch = rng.choice([7, 8, 9]), rng.choice([40, 45, 50, 55]), rng.randint(4, 7), \
+        rng.choice([20, 30, 45, 60])
+    return (f"{a.name}'s school day starts at {start}:00 a.m. {a.He} has {lessons} lessons of {lesson} minutes each, "
+            f"a {lunch}-minute lunch break and a 15-minute recess. At what time does {a.his} school day end?")
+
+
+def _allowance(rng, a, b, c):
+    money = rng.randrange(12, 120, 12)
+    return (f"{a.name} gets ${money} a month for pocket money. {a.He} spends a third of it on snacks and a quarter "
+            f"of it on bus fares, and saves the rest. How much does {a.he} save in {rng.randint(2, 12)} months?")
+
+
+def _ratio(rng, a, b, c):
+    x, y = rng.sample(range(1, 8), 2)
+    group = rng.choice([("boys", "girls", "club"), ("red", "blue", "box of marbles"),
+                        ("cats", "dogs", "animal shelter"), ("adults", "children", "swimming class")])
+    return (f"In a {group[2]}, the ratio of {group[0]} to {group[1]} is {x}:{y}. There are "
+            f"{(x + y) * rng.randint(3, 20)} in total. How many {group[1]} are there?")
+
+
+def _meeting_trains(rng, a, b, c):
+    v1, v2, hours = rng.randrange(40, 90, 5), rng.randrange(40, 90, 5), rng.randint(2, 6)
+    return (f"Two trains leave two cities {(v1 + v2) * hours} miles apart at the same time and travel toward each "
+            f"other. One goes {v1} miles per hour and the other {v2} miles per hour. How many hours pass before "
+            f"they meet?")
+
+
+def _tiles(rng, a, b, c):
+    room = rng.choice(["kitchen", "bathroom", "living room", "hallway", "bedroom"])
+    return (f"{a.name}'s {room} is {rng.randint(6, 20)} feet long and {rng.randint(5, 15)} feet wide. Tiles cost "
+            f"${rng.randint(2, 9)} per square foot, and the installer charges ${rng.randrange(100, 600, 50)}. How "
+            f"much does it cost to tile the floor?")
+
+
+def _seedlings(rng, a, b, c):
+    rows, per_row = rng.randint(4, 20), rng.randrange(5, 30, 5)
+    return (f"{a.name} plants {rows} rows of tomato seedlings with {per_row} seedlings in each row. "
+            f"{rng.choice([10, 20, 25, 40, 50])}% of the seedlings do not survive. How many seedlings survive?")
+
+
+def _phone_plan(rng, a, b, c):
+    return (f"{a.name}'s phone plan costs ${rng.randint(15, 45)} a month and includes {rng.randint(2, 10)} GB of data. "
+            f"Every extra GB costs ${rng.randint(2, 15)}. Last month {a.he} used "
+            f"{rng.randint(11, 20)} GB. How much was {a.his} bill?")
+
+
+def _packs(rng, a, b, c):
+    pack = rng.choice([4, 6, 8, 10, 12, 24])
+    guests = rng.randint(15, 90)
+    thing = rng.choice(["juice boxes", "party hats", "cupcakes", "water bottles", "paper plates"])
+    return (f"{a.name} needs {guests} {thing} for a party. They come in packs of {pack}, and a pack costs "
+            f"${rng.randint(3, 12)}. How much will {a.he} spend?")
+
+
+def _sale_then_rise(rng, a, b, c):
+    price = rng.randrange(40, 400, 20)
+    return (f"A jacket costs ${price}. The store lowers the price by {rng.choice([10, 20, 25, 50])}%, and a month "
+            f"later raises the new price by {rng.choice([10, 20, 50])}%. What is the price of the jacket now?")
+
+
+def _growing_habit(rng, a, b, c):
+    start, more, days = rng.randint(5, 30), rng.randint(2, 10), rng.randint(4, 8)
+    habit = rng.choice([("reads", "pages"), ("does", "push-ups"), ("writes", "lines of poetry"), ("runs", "laps")])
+    return (f"On Monday {a.name} {habit[0]} {start} {habit[1]}. Each day after that {a.he} {habit[0]} {more} more "
+            f"{habit[1]} than the day before. How many {habit[1]} does {a.he} do in {days} days altogether?")
+
+
+def _doubling(rng, a, b, c):
+    thing = rng.choice([("bacteria", "a dish", "every hour", "hours"), ("followers", "a new account", "every week",
+                        "weeks"), ("lily pads", "a pond", "every day", "days")])
+    return (f"The number of {thing[0]} in {thing[1]} doubles {thing[2]}. There are {rng.randint(3, 50)} now. How many "
+            f"will there be after {rng.randint(3, 7)} {thing[3]}?")
+
+
+def _fuel(rng, a, b, c):
+    mpg = rng.randrange(20, 45, 5)
+    return (f"{a.name}'s car goes {mpg} miles on a gallon of gas, and gas costs ${rng.randint(3, 5)} a gallon. How "
+            f"much does gas cost for a trip of {mpg * rng.randint(4, 20)} miles there and the same distance back?")
+
+
+def _overtime(rng, a, b, c):
+    rate = rng.randrange(10, 40, 2)
+    return (f"{a.name} earns ${rate} an hour for the first 40 hours of a week, and one and a half times that for "
+            f"every hour over 40. This week {a.he} worked {rng.randint(42, 60)} hours. How much did {a.he} earn?")
+
+
+def _leftover(rng, a, b, c):
+    kids = rng.randint(3, 12)
+    return (f"{a.name} baked {rng.randint(3, 8)} trays of {rng.choice(['cookies', 'brownies', 'muffins'])} with "
+            f"{rng.choice([12, 16, 20, 24])} on each tray. {a.He} shares them equally among {kids} children and "
+            f"keeps the ones left over. How many does {a.he} keep?")
+
+
+def _truck(rng, a, b, c):
+    box = rng.randrange(20, 80, 5)
+    return (f"A delivery truck can carry {box * rng.randint(20, 60) + rng.randrange(0, box, 5)} pounds. The driver "
+            f"weighs {rng.randrange(150, 250, 10)} pounds and each box weighs {box} pounds. How many boxes can the "
+            f"truck carry with the driver in it?")
+
+
+def _temperature(rng, a, b, c):
+    return (f"At 6 a.m. the temperature was {rng.randint(-10, 15)} degrees. It rose {rng.randint(2, 5)} degrees "
+            f"every hour until noon, then fell {rng.randint(1, 4)} degrees every hour until 8 p.m. What was the "
+            f"temperature at 8 p.m.?")
+
+
+def _ages_sum(rng, a, b, c):
+    age = rng.randint(4, 15)
+    gap = rng.randint(2, 9)
+    return (f"{a.name} is {age} years old. {b.name} is {gap} years older than {a.name}, and {c.name} is twice as old "
+            f"as {b.name}. What will the sum of their ages be in {rng.randint(2, 10)} years?")
+
+
+def _weeks_to_goal(rng, a, b, c):
+    weekly = rng.randint(5, 40)
+    have = rng.randrange(0, 100, 10)
+    return (f"{a.name} wants a {rng.choice(['telescope', 'video game console', 'camera', 'keyboard', 'drone'])} "
+            f"that costs ${have + weekly * rng.randint(4, 30)}. {a.He} has ${have} and saves ${weekly} every week. "
+            f"How many weeks will it take {a.him} to have enough?")
+
+
+def _rental(rng, a, b, c):
+    thing = rng.choice(["bike", "kayak", "paddle board", "scooter", "rowing boat"])
+    return (f"Renting a {thing} costs ${rng.randint(8, 25)} for the first hour and ${rng.randint(3, 10)} for each "
+            f"hour after that. {a.name} and {b.name} each rent one for {rng.randint(2, 8)} hours. How much do they "
+            f"pay together?")
+
+
+def _pace(rng, a, b, c):
+    pace, miles = rng.choice([8, 9, 10, 11, 12]), rng.choice([3, 5, 6, 10, 13])
+    return (f"{a.name} runs a mile in {pace} minutes. If {a.he} starts a {miles}-mile run at "
+            f"{rng.randint(6, 9)}:00 a.m., at what time does {a.he} finish?")
+
+
+def _library(rng, a, b, c):
+    return (f"A school library has {rng.randrange(300, 3000, 50)} books. On Monday {rng.randint(20, 90)} books are "
+            f"borrowed, on Tuesday {rng.randint(10, 60)} are returned, and on Wednesday {rng.randint(20, 90)} more are "
+            f"borrowed and {rng.randint(10, 40)} returned. How many books are in the library now?")
+
+
+def _coins(rng, a, b, c):
+    return (f"{a.name} has {rng.randint(3, 40)} quarters, {rng.randint(3, 40)} dimes and {rng.randint(3, 40)} "
+            f"nickels in {a.his} piggy bank. How much money does {a.he} have in dollars?")
+
+
+def _journey(rng, a, b, c):
+    total = rng.choice([12, 18, 24, 30, 36, 48, 60])
+    return (f"{a.name} travels {total} miles to visit {b.name}. {a.He} walks a sixth of the way, takes a bus for half "
+            f"of what is left, and rides a bike the rest of the way. How many miles does {a.he} ride the bike?")
+
+
+_WORD_PROBLEMS_2 = (_resale, _ribbon, _school_day, _allowance, _ratio, _meeting_trains, _tiles, _seedlings, _phone_plan,
+                    _packs, _sale_then_rise, _growing_habit, _doubling, _fuel, _overtime, _leftover, _truck,
+                    _temperature, _ages_sum, _weeks_to_goal, _rental, _pace, _library, _coins, _journey)
+# Each series' shapes and how many prompts it holds.
+_MATH_SERIES = {1: (_WORD_PROBLEMS, 4000), 2: (_WORD_PROBLEMS_2, 2000)}

@@ -686,6 +686,7 @@ def fastest_precision(device: str = "cpu") -> str:
 # file names), so one feature source can route each sample to its corpus.
 CODE_KEY_OFFSET = 1_000_000
 MATH_KEY_OFFSET = 2_000_000
+MATH2_KEY_OFFSET = 3_000_000
 
 
 def recipe_corpus_dir(work: Path, precision: str, max_new_tokens: int, num_prompts: int | None = None) -> Path:
@@ -701,6 +702,24 @@ def code_corpus_dir(corpus_dir: Path) -> Path:
 def math_corpus_dir(corpus_dir: Path) -> Path:
     """Where the recipe caches the word-problem prompts' corpus beside the ShareGPT one at ``corpus_dir``."""
     return corpus_dir.with_name(corpus_dir.name + "-word-problems")
+
+
+def math2_corpus_dir(corpus_dir: Path) -> Path:
+    """Where the recipe caches the second series of word problems' corpus beside the ShareGPT one at
+    ``corpus_dir``."""
+    return corpus_dir.with_name(corpus_dir.name + "-word-problems-2")
+
+
+def _extra_pools(corpus_dir: Path, counts: dict[str, int], archives: dict) -> list[tuple]:
+    """The extra prompt pools beside ShareGPT: (name, prompts asked for, archive, prompts, corpus directory, key
+    offset) each; a pool's prompts are loaded only when some are asked for."""
+    from dspark.data import load_code_prompts, load_math_prompts
+
+    pools = (("code", load_code_prompts, code_corpus_dir, CODE_KEY_OFFSET),
+             ("math", load_math_prompts, math_corpus_dir, MATH_KEY_OFFSET),
+             ("math2", lambda: load_math_prompts(series=2), math2_corpus_dir, MATH2_KEY_OFFSET))
+    return [(name, counts[name], archives[name], load() if counts[name] else [], directory(corpus_dir), offset)
+            for name, load, directory, offset in pools]
 
 
 def _answered_corpus(answering, prompts: list[str], directory: Path, count: int | None,
@@ -743,7 +762,8 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
                           seed: int = 0, ce_weight: float | None = None, l1_weight: float | None = None,
                           answers: str | os.PathLike | None = None, code_prompts: int = 0, math_prompts: int = 0,
                           code_answers: str | os.PathLike | None = None,
-                          math_answers: str | os.PathLike | None = None,
+                          math_answers: str | os.PathLike | None = None, math2_prompts: int = 0,
+                          math2_answers: str | os.PathLike | None = None,
                           continue_from: str | os.PathLike | None = None,
                           work_dir: str | os.PathLike | None = None, calibrate: bool = True,
                           progress: bool = True) -> Path:
@@ -764,11 +784,12 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
        (:func:`dspark.data.load_code_prompts`, a prefix of their shuffled order), answered into a corpus of
        their own: they train beside the ShareGPT samples (shuffled in among them) and are never held out,
        so τ_prob stays measured on the same held-out ShareGPT sequences. ``math_prompts`` does the same with
-       grade-school word problems made from templates (:func:`dspark.data.load_math_prompts`).
-       ``code_answers`` and ``math_answers`` are those corpora's archives, read as ``answers`` is.
+       grade-school word problems made from templates (:func:`dspark.data.load_math_prompts`), and
+       ``math2_prompts`` with its second series of problem shapes (``series=2``). ``code_answers``,
+       ``math_answers`` and ``math2_answers`` are those corpora's archives, read as ``answers`` is.
     2. ``vocab``: with ``draft_vocab_size``, the draft vocabulary is the most frequent answer tokens of the
        ShareGPT training split (plus EOS), so adding code or math prompts keeps a drafter's vocabulary; its
-       coverage of the training, held-out, code and math answers is recorded.
+       coverage of the training, held-out and each extra pool's answers is recorded.
     3. ``train``: :class:`Trainer` for ``steps`` steps of ``sequences_per_step`` sequences, checkpointing every
        ``eval_every`` steps (and resuming from the last checkpoint), evaluating τ_prob on the ``held_out``
        sequences (the highest prompt indices) against the answer tokens seen so far.
@@ -800,7 +821,7 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     """
     from dspark.checkpoint import save_drafter
     from dspark.corpus import load_corpus
-    from dspark.data import load_code_prompts, load_math_prompts, load_training_prompts
+    from dspark.data import load_training_prompts
     from dspark.target import cache_root, load_default_target
 
     clock: dict[str, float] = {}
@@ -809,7 +830,10 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     if precision not in ("auto", "fp32", "bf16"):
         raise ValueError(f"precision must be 'auto', 'fp32' or 'bf16', got {precision!r}")
     TrainConfig(objective=objective, ce_weight=ce_weight, l1_weight=l1_weight)  # refuse bad weights up front
-    for what, count, archive in (("code", code_prompts, code_answers), ("math", math_prompts, math_answers)):
+    counts = {"code": code_prompts, "math": math_prompts, "math2": math2_prompts}
+    archives = {"code": code_answers, "math": math_answers, "math2": math2_answers}
+    for what in counts:
+        count, archive = counts[what], archives[what]
         if count < 0:
             raise ValueError(f"{what}_prompts must be 0 or more, got {count}")
         if archive is not None and not count:
@@ -820,22 +844,19 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     answering = load_default_target(dtype=torch.bfloat16 if resolved == "bf16" else torch.float32)
     wanted = _answered_corpus(answering, prompts, corpus_dir, corpus_samples, answers,
                               max_new_tokens=max_new_tokens, progress=progress)
-    code_dir, math_dir = code_corpus_dir(corpus_dir), math_corpus_dir(corpus_dir)
-    code_samples = _pool_samples(answering, load_code_prompts() if code_prompts else [], code_dir, code_prompts,
-                                 CODE_KEY_OFFSET, what="code", max_new_tokens=max_new_tokens, answers=code_answers,
-                                 progress=progress)
-    math_samples = _pool_samples(answering, load_math_prompts() if math_prompts else [], math_dir, math_prompts,
-                                 MATH_KEY_OFFSET, what="math", max_new_tokens=max_new_tokens, answers=math_answers,
-                                 progress=progress)
+    pools = _extra_pools(corpus_dir, counts, archives)
+    extra = {name: _pool_samples(answering, prompts, directory, count, offset, what=name,
+                                 max_new_tokens=max_new_tokens, answers=archive, progress=progress)
+             for name, count, archive, prompts, directory, offset in pools}
     del answering
     samples = load_corpus(corpus_dir, wanted)
     if len(samples) <= held_out:
         raise ValueError(f"the corpus holds {len(samples)} samples, not more than the {held_out} held out")
     train, evaluation = samples[:-held_out], samples[-held_out:]
     sharegpt_train = train
-    if code_samples or math_samples:
+    if any(extra.values()):
         # The trainer walks its list in order: shuffled, code and math blocks come in every stretch of steps.
-        train = train + code_samples + math_samples
+        train = train + [sample for samples in extra.values() for sample in samples]
         random.Random(0).shuffle(train)
     clock["corpus"] = time.perf_counter() - t0
 
@@ -867,9 +888,9 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
                         "train_coverage": _coverage(train_answers, mapping, target.vocab_size),
                         "held_out_coverage": _coverage([s.token_ids[s.loss_mask] for s in evaluation], mapping,
                                                        target.vocab_size)}
-        for what, extra in (("code", code_samples), ("math", math_samples)):
-            if extra:
-                vocab_report[f"{what}_coverage"] = _coverage([s.token_ids[s.loss_mask] for s in extra], mapping,
+        for what, samples in extra.items():
+            if samples:
+                vocab_report[f"{what}_coverage"] = _coverage([s.token_ids[s.loss_mask] for s in samples], mapping,
                                                              target.vocab_size)
     drafter.load_target_embeddings(target.embed_weight(), target.lm_head_weight())
     parent = None
@@ -883,8 +904,7 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     t0 = time.perf_counter()
     source = OfflineFeatures(corpus_dir, target.tap_layers, target.hidden_size)
     extra_sources = {offset: OfflineFeatures(directory, target.tap_layers, target.hidden_size)
-                     for offset, directory, extra in ((CODE_KEY_OFFSET, code_dir, code_samples),
-                                                      (MATH_KEY_OFFSET, math_dir, math_samples)) if extra}
+                     for name, _, _, _, directory, offset in pools if extra[name]}
     if extra_sources:
         source = KeyedFeatures({0: source, **extra_sources})
     train_config = TrainConfig(steps=steps, objective=objective, num_anchors=num_anchors, lr=lr,
@@ -895,8 +915,8 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     trainer = Trainer(drafter, target.lm_head_weight(), source, train, train_config, held_out=evaluation)
     name = f"checkpoint-{objective}-layers{num_draft_layers}-block{block_size}-steps{steps}-" \
            f"vocab{vocab_size or 'full'}-{len(samples)}seq-{resolved}" + (f"-seed{seed}" if seed else "") + \
-           loss_weights_suffix(ce_weight, l1_weight) + (f"-code{code_prompts}" if code_prompts else "") + \
-           (f"-math{math_prompts}" if math_prompts else "")
+           loss_weights_suffix(ce_weight, l1_weight) + "".join(f"-{what}{count}" for what, count in counts.items()
+                                                               if count)
     if parent is not None:
         trainer.answer_tokens_seen = parent["final"].get("answer_tokens_seen", 0)
         name += f"-after{parent['steps']}-{parent['digest']}"
@@ -914,17 +934,18 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
                  "eval_every": eval_every, "seed": seed, "ce_weight": ce_weight, "l1_weight": l1_weight,
                  "calibrate": calibrate,
                  "answers": None if answers is None else Path(answers).name, "code_prompts": code_prompts,
-                 "math_prompts": math_prompts,
+                 "math_prompts": math_prompts, "math2_prompts": math2_prompts,
                  "code_answers": None if code_answers is None else Path(code_answers).name,
                  "math_answers": None if math_answers is None else Path(math_answers).name,
+                 "math2_answers": None if math2_answers is None else Path(math2_answers).name,
                  "continue_from": None if parent is None else parent["directory"]}
     curve = [{k: row[k] for k in ("step", "answer_tokens_seen", "eval_tau_prob", "eval_accuracy")}
              for row in trainer.history if "eval_tau_prob" in row]
     if parent is not None:  # its last point and this run's first are the same weights (this one rounded to bf16)
         curve = parent["curve"] + curve[1:]
     metadata = {"objective": objective, "steps": train_config.step_offset + trainer.step,
-                "train_sequences": len(train), "code_sequences": len(code_samples),
-                "math_sequences": len(math_samples),
+                "train_sequences": len(train),
+                **{f"{what}_sequences": len(samples) for what, samples in extra.items()},
                 "held_out_sequences": len(evaluation),
                 "train_answer_tokens": int(sum(int(s.loss_mask.sum()) for s in train)),
                 "final": trainer.history[-1] if trainer.history else {}, "vocab": vocab_report,

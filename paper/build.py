@@ -224,7 +224,8 @@ def training_runs(run: dict | None) -> list[dict]:
 
 
 # The prompt pools a recipe run may add to the ShareGPT sequences (``<pool>_prompts``), as the paper names them.
-POOLS = {"code": "standard-library code prompts", "math": "word problems"}
+POOLS = {"code": "standard-library code prompts", "math": "word problems",
+         "math2": "word problems of a second series"}
 
 
 def pool_start_steps(run: dict | None) -> dict[str, int]:
@@ -801,6 +802,13 @@ def section_training(out: list[str], figures: Path) -> None:
                    "`dspark.data.load_math_prompts`, none an evaluation question), worded as GSM8K words its "
                    f"questions: {num(words['answer_tokens'], 'd')} answer tokens, at "
                    f"{num(words['tokens_per_s'], '.0f')} tokens/s. They train as the code prompts do.")
+    words = result.get("math2_corpus")
+    if words:
+        out.append(f"- **More math data.** A second series of {num(words['pool'], 'd')} word problems from 25 other "
+                   "problem shapes (profit, unit conversion, ratios, schedules, overtime, fuel, quantities that grow "
+                   "day by day, …; `load_math_prompts(series=2)`), of which the target answered "
+                   f"{num(words['samples'], 'd')}: {num(words['answer_tokens'], 'd')} answer tokens, at "
+                   f"{num(words['tokens_per_s'], '.0f')} tokens/s.")
     for name, arm in arms.items():
         vocab = arm.get("vocab") or {}
         runs = training_runs(arm.get("run"))

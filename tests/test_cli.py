@@ -36,7 +36,8 @@ def test_unknown_config_keys_are_refused(tmp_path):
 def test_a_config_names_its_answers_archives_relative_to_itself(tmp_path, monkeypatch):
     (tmp_path / "recipes").mkdir()
     config = tmp_path / "recipes" / "run.json"
-    archives = {"answers": "run.answers.npz", "code_answers": "code.answers.npz", "math_answers": "math.answers.npz"}
+    archives = {"answers": "run.answers.npz", "code_answers": "code.answers.npz", "math_answers": "math.answers.npz",
+                "math2_answers": "math2.answers.npz"}
     config.write_text(json.dumps(archives), encoding="utf-8")
     monkeypatch.chdir(tmp_path)
     settings = _train_settings(_args(config="recipes/run.json"))

@@ -3,6 +3,8 @@
 import ast
 import re
 
+import pytest
+
 from dspark.data import load_code_prompts, load_math_prompts, load_prompts
 
 PREFIX = "Complete this Python function.\n\n"
@@ -34,3 +36,16 @@ def test_math_prompts_are_distinct_varied_word_problems_and_never_an_evaluation_
     assert all(p.endswith("?") and re.search(r"\d", p) for p in prompts)
     # Many questions, not a few shapes repeated: with their numbers blanked, over half are still distinct.
     assert len({re.sub(r"\d+", "N", p) for p in prompts}) > 2000
+
+
+def test_the_second_series_of_word_problems_has_other_shapes_and_leaves_the_first_unchanged():
+    first, second = load_math_prompts(), load_math_prompts(series=2)
+    assert len(second) == len(set(second)) == 2000
+    assert not set(second) & ({p.text for p in load_prompts("math")} | set(first))
+    assert load_math_prompts(5, series=2) == second[:5] and load_math_prompts(5, seed=1, series=2) != second[:5]
+    assert all(p.endswith("?") and re.search(r"\d", p) for p in second)
+    assert len({re.sub(r"\d+", "N", p) for p in second}) > len(second) // 2
+    # Other shapes, not the first series' with other numbers: no blanked question is shared.
+    assert not {re.sub(r"\d+", "N", p) for p in second} & {re.sub(r"\d+", "N", p) for p in first}
+    with pytest.raises(ValueError, match="series must be one of"):
+        load_math_prompts(series=3)

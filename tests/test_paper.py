@@ -147,6 +147,8 @@ def test_a_continuation_that_added_prompt_pools_says_so_and_from_which_step():
     assert builder.pool_start_steps(both) == {"code": 6000, "math": 14000}
     assert builder.pool_counts({"code_sequences": 1600, "math_sequences": 1200}) == \
         "1600 of them code prompts, 1200 word problems"
+    assert builder.pool_counts({"code_sequences": 0, "math_sequences": 1200, "math2_sequences": 800}) == \
+        "1200 of them word problems, 800 word problems of a second series"
     assert builder.pool_counts({"code_sequences": 0}) == ""
 
 
