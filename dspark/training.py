@@ -856,7 +856,7 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     sharegpt_train = train
     if any(extra.values()):
         # The trainer walks its list in order: shuffled, code and math blocks come in every stretch of steps.
-        train = train + [sample for samples in extra.values() for sample in samples]
+        train = train + [sample for pool in extra.values() for sample in pool]
         random.Random(0).shuffle(train)
     clock["corpus"] = time.perf_counter() - t0
 
@@ -888,9 +888,9 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
                         "train_coverage": _coverage(train_answers, mapping, target.vocab_size),
                         "held_out_coverage": _coverage([s.token_ids[s.loss_mask] for s in evaluation], mapping,
                                                        target.vocab_size)}
-        for what, samples in extra.items():
-            if samples:
-                vocab_report[f"{what}_coverage"] = _coverage([s.token_ids[s.loss_mask] for s in samples], mapping,
+        for what, pool in extra.items():
+            if pool:
+                vocab_report[f"{what}_coverage"] = _coverage([s.token_ids[s.loss_mask] for s in pool], mapping,
                                                              target.vocab_size)
     drafter.load_target_embeddings(target.embed_weight(), target.lm_head_weight())
     parent = None
@@ -945,7 +945,7 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
         curve = parent["curve"] + curve[1:]
     metadata = {"objective": objective, "steps": train_config.step_offset + trainer.step,
                 "train_sequences": len(train),
-                **{f"{what}_sequences": len(samples) for what, samples in extra.items()},
+                **{f"{what}_sequences": len(pool) for what, pool in extra.items()},
                 "held_out_sequences": len(evaluation),
                 "train_answer_tokens": int(sum(int(s.loss_mask.sum()) for s in train)),
                 "final": trainer.history[-1] if trainer.history else {}, "vocab": vocab_report,

@@ -286,7 +286,7 @@ def test_the_recipe_adds_code_and_math_prompts_to_a_continuation_and_keeps_the_h
     """Code and math prompts (both series) are answered into corpora of their own and train beside the ShareGPT
     samples: the features are read from the right corpus (a sample read from the wrong one fails its token-id check),
     the vocabulary and the held-out sequences stay the parent's, and the counts are recorded."""
-    from dspark.training import train_default_drafter
+    from dspark.training import fastest_precision, train_default_drafter
 
     answers = Path(__file__).resolve().parents[2] / "benchmarks" / "recipes" / "smollm2_drafter.answers.npz"
     toy = dict(corpus_samples=6, num_draft_layers=1, draft_vocab_size=256, held_out=2, eval_every=2,
@@ -302,6 +302,10 @@ def test_the_recipe_adds_code_and_math_prompts_to_a_continuation_and_keeps_the_h
     assert [meta["run"]["arguments"][f"{what}_prompts"] for what in ("code", "math", "math2")] == [2, 2, 2]
     assert all(0 < meta["vocab"][f"{what}_coverage"] <= 1 for what in ("code", "math", "math2"))
     assert meta["vocab"]["held_out_coverage"] == first["vocab"]["held_out_coverage"]
+    # The child's checkpoint is named after the ShareGPT corpus (6 samples) and each pool's count.
+    (checkpoint,) = (tmp_path / "work").glob("checkpoint-*-after*")
+    assert checkpoint.name.startswith(f"checkpoint-dspark-layers1-block7-steps3-vocab256-6seq-"
+                                      f"{fastest_precision('cpu')}-code2-math2-math22-after")
     # Three steps of four sequences walk all ten training sequences, the code and math samples among them.
     assert meta["final"]["answer_tokens_seen"] - first["final"]["answer_tokens_seen"] >= meta["train_answer_tokens"]
     with pytest.raises(ValueError, match="code_prompts must be 0 or more"):
