@@ -223,9 +223,15 @@ def training_runs(run: dict | None) -> list[dict]:
     return runs
 
 
-# The prompt pools a recipe run may add to the ShareGPT sequences (``<pool>_prompts``), as the paper names them.
-POOLS = {"code": "standard-library code prompts", "math": "word problems",
-         "math2": "word problems of a second series"}
+# The prompt pools a recipe run may add to the ShareGPT sequences (``<pool>_prompts``), as the paper names them,
+# and as it names their answers when it reports the draft vocabulary's coverage.
+POOLS = {"code": "standard-library code prompts", "math": "word problems", "math2": "second-series word problems"}
+POOL_ANSWERS = {"code": "code answers", "math": "math answers", "math2": "second-series math answers"}
+
+
+def listing(items: list[str]) -> str:
+    """``"a"``, ``"a and b"``, ``"a, b and c"``."""
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 def pool_start_steps(run: dict | None) -> dict[str, int]:
@@ -253,7 +259,7 @@ def pool_counts(meta: dict) -> str:
 def shipped_pools_clause(meta: dict) -> str:
     """What the shipped DSpark drafter trained on beside ShareGPT, as a parenthesis, or ""."""
     pools = pools_in(meta)
-    return f" (the shipped DSpark drafter's later training also on {' and '.join(POOLS[p] for p in pools)})" \
+    return f" (the shipped DSpark drafter's later training also on {listing([POOLS[p] for p in pools])})" \
         if pools else ""
 
 
@@ -373,7 +379,7 @@ def continuation_sentence(run: dict | None) -> str:
         if runs_with:
             added.append(("the last run" if len(runs_with) == 1 else f"the last {len(runs_with)} runs")
                          + f" with {num(runs_with[-1]['arguments'][f'{pool}_prompts'], 'd')} {name} added")
-    data = " over the same ShareGPT sequences, " + " and ".join(added) + " (§2)" if added else \
+    data = " over the same ShareGPT sequences, " + listing(added) + " (§2)" if added else \
         " over the same sequences"
     return (f" Its first {num(runs[0]['arguments']['steps'], 'd')} steps were the recipe's; it was then continued "
             + how + data + " (the learning-rate schedule restarted: warm-up, then "
@@ -557,7 +563,7 @@ def section_acceptance(out: list[str], figures: Path) -> None:
         out.append(f"What training past DFlash's budget adds, DSpark ({num(meta['dspark']['steps'], 'd')} steps, "
                    f"the shipped drafter) minus {label(dspark)}, on the same "
                    + ("ShareGPT sequences, the shipped one's later training with "
-                      + " and ".join(POOLS[pool] for pool in pools_in(meta["dspark"])) + " added"
+                      + listing([POOLS[pool] for pool in pools_in(meta["dspark"])]) + " added"
                       if pools_in(meta["dspark"]) else "sequences")
                    + f": at T = 0 {longer[0.0]}; at "
                    f"T = 1 {longer[1.0]}.\n")
@@ -804,9 +810,10 @@ def section_training(out: list[str], figures: Path) -> None:
                    f"{num(words['tokens_per_s'], '.0f')} tokens/s. They train as the code prompts do.")
     words = result.get("math2_corpus")
     if words:
-        out.append(f"- **More math data.** A second series of {num(words['pool'], 'd')} word problems from 25 other "
-                   "problem shapes (profit, unit conversion, ratios, schedules, overtime, fuel, quantities that grow "
-                   "day by day, …; `load_math_prompts(series=2)`), of which the target answered "
+        out.append(f"- **More math data.** A second series of {num(words['pool'], 'd')} word problems made from "
+                   "shapes the first series does not use (profit, unit conversion, ratios, schedules, overtime, "
+                   "fuel, quantities that grow day by day, …; `load_math_prompts(series=2)`), of which the target "
+                   "answered "
                    f"{num(words['samples'], 'd')}: {num(words['answer_tokens'], 'd')} answer tokens, at "
                    f"{num(words['tokens_per_s'], '.0f')} tokens/s.")
     for name, arm in arms.items():
@@ -817,7 +824,8 @@ def section_training(out: list[str], figures: Path) -> None:
             added = [pool for pool in POOLS if f"{pool}_coverage" in vocab]
             covered = [f"{num(100 * vocab['train_coverage'], '.2f')}% of the "
                        f"{'ShareGPT ' if added else ''}training answers"]
-            covered += [f"{num(100 * vocab[f'{pool}_coverage'], '.2f')}% of the {pool} answers" for pool in added]
+            covered += [f"{num(100 * vocab[f'{pool}_coverage'], '.2f')}% of the {POOL_ANSWERS[pool]}"
+                        for pool in added]
             covered.append(f"{num(100 * vocab['held_out_coverage'], '.2f')}% of the held-out ones")
         coverage = (f"draft vocabulary of {num(vocab['draft_vocab_size'], 'd')} tokens covering "
                     f"{', '.join(covered[:-1])} and {covered[-1]}; ") if vocab else "full vocabulary; "
@@ -973,9 +981,6 @@ def _restarts_caption(arms: dict) -> str:
         points = tuple(sum(r["arguments"]["steps"] for r in runs[:i]) for i in range(1, len(runs)))
         if points:
             restarted.setdefault(points, []).append(label(name))
-
-    def listing(items: list[str]) -> str:
-        return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
     def labels(names: list[str]) -> str:  # a label with a comma in it is set apart in italics
         return listing([f"*{n}*" if "," in n else n for n in names])
@@ -1743,7 +1748,7 @@ def section_limits(out: list[str]) -> None:
                            f"{num(last['eval_tau_prob'])}: about {num(again, '.2f')} per doubling of the tokens "
                            f"seen, so at this scale repeated sequences teach {verdict} new ones did.")
         if added_from is not None and curve[-1]["step"] > added_from:
-            added = " and ".join(f"{POOLS[pool]} from step {num(step, 'd')}" for pool, step in starts.items())
+            added = listing([f"{POOLS[pool]} from step {num(step, 'd')}" for pool, step in starts.items()])
             second_pass += (f" With {added} added to its data (§2), it reached {num(curve[-1]['eval_tau_prob'])} "
                             f"at step {num(curve[-1]['step'], 'd')} on the same held-out ShareGPT sequences.")
         subject = "The shipped DSpark drafter decodes"

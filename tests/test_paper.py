@@ -145,10 +145,18 @@ def test_a_continuation_that_added_prompt_pools_says_so_and_from_which_step():
     assert "the last 2 runs with 1600 standard-library code prompts added and the last run with 1200 word problems " \
            "added (§2)" in sentence
     assert builder.pool_start_steps(both) == {"code": 6000, "math": 14000}
+    three = {"arguments": {"steps": 4000, "lr": 3e-4, "code_prompts": 1600, "math_prompts": 1200,
+                           "math2_prompts": 800}, "parent": {"run": both}}
+    assert "the last 3 runs with 1600 standard-library code prompts added, the last 2 runs with 1200 word problems " \
+           "added and the last run with 800 second-series word problems added (§2)" in \
+           builder.continuation_sentence(three)
+    assert builder.shipped_pools_clause({"code_sequences": 1, "math_sequences": 1, "math2_sequences": 1}) == \
+        " (the shipped DSpark drafter's later training also on standard-library code prompts, word problems and " \
+        "second-series word problems)"
     assert builder.pool_counts({"code_sequences": 1600, "math_sequences": 1200}) == \
         "1600 of them code prompts, 1200 word problems"
     assert builder.pool_counts({"code_sequences": 0, "math_sequences": 1200, "math2_sequences": 800}) == \
-        "1200 of them word problems, 800 word problems of a second series"
+        "1200 of them word problems, 800 second-series word problems"
     assert builder.pool_counts({"code_sequences": 0}) == ""
 
 
