@@ -31,6 +31,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -710,15 +711,25 @@ def math2_corpus_dir(corpus_dir: Path) -> Path:
     return corpus_dir.with_name(corpus_dir.name + "-word-problems-2")
 
 
-def _extra_pools(corpus_dir: Path, counts: dict[str, int], archives: dict) -> list[tuple]:
-    """The extra prompt pools beside ShareGPT: (name, prompts asked for, archive, prompts, corpus directory, key
-    offset) each; a pool's prompts are loaded only when some are asked for."""
+class _Pool(NamedTuple):
+    """An extra prompt pool beside ShareGPT, as one recipe run asks for it."""
+
+    name: str
+    count: int  # prompts asked for
+    archive: str | os.PathLike | None
+    prompts: list[str]  # loaded only when some are asked for
+    directory: Path  # its corpus
+    key_offset: int
+
+
+def _extra_pools(corpus_dir: Path, counts: dict[str, int], archives: dict) -> list[_Pool]:
+    """The extra prompt pools beside ShareGPT, with their corpora beside the ShareGPT one at ``corpus_dir``."""
     from dspark.data import load_code_prompts, load_math_prompts
 
     pools = (("code", load_code_prompts, code_corpus_dir, CODE_KEY_OFFSET),
              ("math", load_math_prompts, math_corpus_dir, MATH_KEY_OFFSET),
              ("math2", lambda: load_math_prompts(series=2), math2_corpus_dir, MATH2_KEY_OFFSET))
-    return [(name, counts[name], archives[name], load() if counts[name] else [], directory(corpus_dir), offset)
+    return [_Pool(name, counts[name], archives[name], load() if counts[name] else [], directory(corpus_dir), offset)
             for name, load, directory, offset in pools]
 
 
@@ -845,9 +856,10 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     wanted = _answered_corpus(answering, prompts, corpus_dir, corpus_samples, answers,
                               max_new_tokens=max_new_tokens, progress=progress)
     pools = _extra_pools(corpus_dir, counts, archives)
-    extra = {name: _pool_samples(answering, prompts, directory, count, offset, what=name,
-                                 max_new_tokens=max_new_tokens, answers=archive, progress=progress)
-             for name, count, archive, prompts, directory, offset in pools}
+    extra = {pool.name: _pool_samples(answering, pool.prompts, pool.directory, pool.count, pool.key_offset,
+                                      what=pool.name, max_new_tokens=max_new_tokens, answers=pool.archive,
+                                      progress=progress)
+             for pool in pools}
     del answering
     samples = load_corpus(corpus_dir, wanted)
     if len(samples) <= held_out:
@@ -903,8 +915,8 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
 
     t0 = time.perf_counter()
     source = OfflineFeatures(corpus_dir, target.tap_layers, target.hidden_size)
-    extra_sources = {offset: OfflineFeatures(directory, target.tap_layers, target.hidden_size)
-                     for name, _, _, _, directory, offset in pools if extra[name]}
+    extra_sources = {pool.key_offset: OfflineFeatures(pool.directory, target.tap_layers, target.hidden_size)
+                     for pool in pools if extra[pool.name]}
     if extra_sources:
         source = KeyedFeatures({0: source, **extra_sources})
     train_config = TrainConfig(steps=steps, objective=objective, num_anchors=num_anchors, lr=lr,

@@ -322,9 +322,8 @@ def test_the_recipe_adds_code_and_math_prompts_to_a_continuation_and_keeps_the_h
 
 def test_the_recipe_rebuilds_code_and_math_corpora_from_their_archives_without_answering(real_target, tmp_path):
     """On a fresh cache, ``code_answers``, ``math_answers`` and ``math2_answers`` rebuild the pools' corpora from
-    archives: no prompt
-    is answered again (the manifests keep the archives' answering runs and add one rebuild), the samples hold
-    the same tokens, and a continuation trains on them as on the answered corpora."""
+    archives: no prompt is answered again (the manifests keep the archives' answering runs and add one rebuild),
+    the samples hold the same tokens, and a continuation trains on them as on the answered corpora."""
     from dspark.corpus import load_corpus, save_answers
     from dspark.training import (
         code_corpus_dir,
