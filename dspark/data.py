@@ -160,12 +160,14 @@ def load_math_prompts(limit: int | None = None, *, seed: int = 0, series: int = 
     The ShareGPT pool holds few multi-step arithmetic questions, and no training split of GSM8K ships in a
     PyPI package. These are generated instead, each template filled with random names, objects and small round
     numbers. Only the questions matter: the target answers them, and its answers are what a drafter learns.
-    Two series of problem shapes, kept apart so that a corpus answered from one stays valid when the other
-    grows:
+    Three series of problem shapes, kept apart so that a corpus answered from one stays valid when another
+    is added:
 
     - ``series=1``: 25 shapes (rates, fractions, percentages, change, ages, averages, ...), 4,000 prompts.
     - ``series=2``: 25 other shapes (profit, unit conversion, ratios, schedules, overtime, fuel, series that
       grow day by day, ...), 2,000 prompts.
+    - ``series=3``: 25 shapes neither earlier series uses (areas, bus passengers, family tickets, commission,
+      shared fares, paint, parking, eggs by the carton, ...), 2,000 prompts.
 
     Deduplicated, in the order ``seed`` draws them (so a limit keeps a prefix), never an evaluation prompt.
     """
@@ -568,5 +570,172 @@ def _journey(rng, a, b, c):
 _WORD_PROBLEMS_2 = (_resale, _ribbon, _school_day, _allowance, _ratio, _meeting_trains, _tiles, _seedlings, _phone_plan,
                     _packs, _sale_then_rise, _growing_habit, _doubling, _fuel, _overtime, _leftover, _truck,
                     _temperature, _ages_sum, _weeks_to_goal, _rental, _pace, _library, _coins, _journey)
+
+
+def _planting_area(rng, a, b, c):
+    length, width = rng.randrange(20, 80, 2), rng.randrange(10, 50, 2)
+    return (f"{a.name}'s backyard is a rectangle {length} feet long and {width} feet wide. A square shed "
+            f"{rng.randrange(4, min(length, width) // 2, 2)} feet on each side stands in one corner. How many square "
+            f"feet of the yard are left for planting?")
+
+
+def _bus_stops(rng, a, b, c):
+    start = rng.randrange(20, 60, 2)
+    off = rng.randint(3, start // 2)
+    on = rng.randrange(2 + (start - off) % 2, 16, 2)  # an even number aboard, so that half of them is whole
+    return (f"A bus leaves the station with {start} passengers. At the first stop {off} people get off and {on} get "
+            f"on. At the second stop half of the passengers get off and {rng.randint(1, 9)} get on. How many "
+            f"passengers are on the bus now?")
+
+
+def _sharing_out(rng, a, b, c):
+    n = 12 * rng.randint(3, 15)
+    thing = rng.choice(_ITEMS)
+    return (f"{a.name} has {n} {thing}. {a.He} gives a quarter of them to {b.name} and gives {c.name} "
+            f"{rng.randint(2, 6)} more than {b.name} got. How many {thing} does {a.name} have left?")
+
+
+def _family_tickets(rng, a, b, c):
+    adult = rng.randrange(8, 40, 2)
+    return (f"Tickets to the {rng.choice(['zoo', 'aquarium', 'science museum', 'water park', 'planetarium'])} cost "
+            f"${adult} for an adult and half as much for a child. {a.name} takes {a.his} partner and "
+            f"{rng.randint(2, 5)} children, and pays ${rng.randint(5, 20)} for parking. How much does the day cost?")
+
+
+def _bakery_dozens(rng, a, b, c):
+    dozens = rng.randrange(6, 32, 2)  # even, so that every share below is a whole number of rolls
+    return (f"A bakery bakes {dozens} dozen rolls every morning. By noon it has sold {rng.choice([25, 50, 75])}% of "
+            f"them, and in the afternoon it sells half of what is left. How many rolls are left at closing time?")
+
+
+def _bookshelf(rng, a, b, c):
+    shelves, per_shelf = rng.randint(3, 9), rng.randrange(20, 50, 5)
+    return (f"{a.name}'s bookcase has {shelves} shelves, and each shelf holds {per_shelf} books. {a.He} already has "
+            f"{rng.randint(10, shelves * per_shelf - 10)} books on it. How many more books can {a.he} fit?")
+
+
+def _water_glasses(rng, a, b, c):
+    return (f"{a.name} drinks {rng.randint(4, 10)} glasses of water a day, and each glass holds "
+            f"{rng.choice([200, 250, 300, 400, 500])} milliliters. How many liters of water does {a.he} drink in "
+            f"{rng.choice(['a week', 'two weeks', 'a 30-day month'])}?")
+
+
+def _commission(rng, a, b, c):
+    return (f"{a.name} sells cars. {a.He} earns ${rng.randrange(1000, 3000, 100)} a month plus "
+            f"{rng.choice([2, 3, 4, 5, 10])}% of everything {a.he} sells. Last month {a.he} sold "
+            f"${rng.randrange(20000, 200000, 5000)} worth of cars. How much did {a.he} earn last month?")
+
+
+def _shared_taxi(rng, a, b, c):
+    return (f"A taxi charges ${rng.randint(2, 6)} to start and ${rng.randint(1, 4)} for every mile. {a.name}, "
+            f"{b.name} and {c.name} ride {rng.randint(4, 30)} miles together and split the fare equally. How much does "
+            f"each of them pay?")
+
+
+def _stamp_album(rng, a, b, c):
+    pages, per_page = rng.randrange(20, 80, 4), rng.randrange(8, 30, 2)
+    return (f"{a.name}'s stamp album has {pages} pages, and each page holds {per_page} stamps. The album is "
+            f"{rng.choice(['one quarter', 'half', 'three quarters'])} full. How many more stamps can {a.he} put in it?")
+
+
+def _every_fourth_free(rng, a, b, c):
+    thing = rng.choice(["T-shirts", "notebooks", "candles", "plants", "mugs"])
+    return (f"A shop sells {thing} for ${rng.randint(4, 25)} each, and every fourth one is free. {a.name} takes "
+            f"{4 * rng.randint(2, 8)} {thing} to the counter. How much does {a.he} pay?")
+
+
+def _paint_cans(rng, a, b, c):
+    side, height = rng.randrange(8, 20), rng.choice([8, 9, 10])
+    return (f"{a.name} paints the four walls of a square room that is {side} feet on each side and {height} feet "
+            f"high. One can of paint covers {rng.choice([50, 100, 150, 200])} square feet. How many cans does {a.he} "
+            f"need for two coats?")
+
+
+def _basketball(rng, a, b, c):
+    return (f"In a basketball game {a.name} scored {rng.randint(2, 9)} two-point shots, {rng.randint(1, 6)} "
+            f"three-point shots and {rng.randint(1, 8)} free throws worth one point each. {b.name} scored twice as "
+            f"many points as {a.name}. How many points did they score together?")
+
+
+def _aquarium(rng, a, b, c):
+    goldfish = rng.randint(3, 15)
+    return (f"{a.name}'s aquarium has {goldfish} goldfish and {rng.choice(['twice', 'three times'])} as many "
+            f"guppies. Every week {a.he} adds {rng.randint(2, 6)} more guppies. How many fish are in the aquarium "
+            f"after {rng.randint(2, 8)} weeks?")
+
+
+def _cinema_seats(rng, a, b, c):
+    rows, seats = rng.choice([10, 20, 30]), rng.randrange(10, 30, 2)  # every percentage below is whole seats
+    return (f"A cinema has {rows} rows with {seats} seats in each row. For the evening show "
+            f"{rng.choice([25, 50, 75, 80, 90])}% of the seats were sold. How many seats were empty?")
+
+
+def _bus_trip(rng, a, b, c):
+    return (f"{a.name}'s bus leaves at {rng.randint(7, 11)}:{rng.choice(['00', '15', '30', '45'])} a.m. It drives "
+            f"{rng.randrange(60, 300, 30)} miles at {rng.choice([30, 60])} miles per hour and makes "
+            f"{rng.randint(2, 5)} stops of {rng.choice([10, 15, 20])} minutes each. At what time does it arrive?")
+
+
+def _lemonade(rng, a, b, c):
+    cups = rng.randrange(10, 60, 2)
+    return (f"{a.name} sells lemonade for ${rng.randint(1, 3)} a cup, and each cup costs {a.him} "
+            f"{rng.choice([25, 40, 50])} cents to make. {a.He} sells {cups} cups on Saturday and twice as many on "
+            f"Sunday. How much profit does {a.he} make over the weekend?")
+
+
+def _stairs(rng, a, b, c):
+    return (f"{a.name} lives on the {rng.choice(['third', 'fourth', 'fifth', 'sixth'])} floor, and each flight of "
+            f"stairs has {rng.randint(10, 20)} steps. {a.He} walks up to {a.his} apartment {rng.randint(2, 4)} times "
+            f"a day. How many steps does {a.he} climb in a week?")
+
+
+def _group_gift(rng, a, b, c):
+    friends = rng.randint(3, 8)
+    return (f"{friends} friends buy a birthday present for {a.name} that costs ${friends * rng.randint(5, 30)} and a "
+            f"card that costs ${friends * rng.randint(1, 3)}. They split the cost equally. How much does each friend "
+            f"pay?")
+
+
+def _crate_weight(rng, a, b, c):
+    return (f"A crate holds {rng.choice([12, 16, 24, 32, 48])} cans, and each can weighs "
+            f"{rng.choice([8, 12, 16])} ounces. A store receives {rng.randint(3, 20)} crates. How many pounds do the "
+            f"cans weigh altogether?")
+
+
+def _screen_time(rng, a, b, c):
+    return (f"{a.name} practices the {rng.choice(['violin', 'piano', 'flute', 'drums'])} for "
+            f"{rng.choice([15, 20, 30, 40])} minutes on each weekday and {rng.choice([45, 60, 90])} minutes on each "
+            f"day of the weekend. How many hours does {a.he} practice in {rng.randint(2, 6)} weeks?")
+
+
+def _parking(rng, a, b, c):
+    hours = rng.randint(3, 8)
+    return (f"Parking downtown costs ${rng.randint(2, 6)} for the first hour and ${rng.randint(1, 3)} for every half "
+            f"hour after that. {a.name} parks from 9:00 a.m. until {hours}:30 p.m. How much does {a.he} pay?")
+
+
+def _egg_cartons(rng, a, b, c):
+    hens = rng.randrange(12, 60, 12)  # a whole number of cartons
+    return (f"{a.name} keeps {hens} hens, and each hen lays {rng.choice([4, 5, 6])} eggs a week. {a.He} packs the "
+            f"eggs in cartons of {rng.choice([6, 12])} and sells each carton for ${rng.randint(2, 6)}. How much "
+            f"money does {a.he} make in a week?")
+
+
+def _town(rng, a, b, c):
+    people = rng.randrange(1000, 20000, 100)
+    return (f"A town had {people} people. Then {rng.choice([5, 10, 20])}% of them moved away, and "
+            f"{rng.randint(10, 90)} families of {rng.randint(3, 5)} moved in. How many people live in the town now?")
+
+
+def _hike(rng, a, b, c):
+    speed = rng.choice([2, 3, 4])
+    return (f"{a.name} hikes up a trail {speed * rng.randint(2, 6)} miles long at {speed} miles per hour and comes "
+            f"back down the same way twice as fast. How many hours does the whole hike take?")
+
+
+_WORD_PROBLEMS_3 = (_planting_area, _bus_stops, _sharing_out, _family_tickets, _bakery_dozens, _bookshelf,
+                    _water_glasses, _commission, _shared_taxi, _stamp_album, _every_fourth_free, _paint_cans,
+                    _basketball, _aquarium, _cinema_seats, _bus_trip, _lemonade, _stairs, _group_gift, _crate_weight,
+                    _screen_time, _parking, _egg_cartons, _town, _hike)
 # Each series' shapes and how many prompts it holds.
-_MATH_SERIES = {1: (_WORD_PROBLEMS, 4000), 2: (_WORD_PROBLEMS_2, 2000)}
+_MATH_SERIES = {1: (_WORD_PROBLEMS, 4000), 2: (_WORD_PROBLEMS_2, 2000), 3: (_WORD_PROBLEMS_3, 2000)}

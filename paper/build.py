@@ -225,8 +225,10 @@ def training_runs(run: dict | None) -> list[dict]:
 
 # The prompt pools a recipe run may add to the ShareGPT sequences (``<pool>_prompts``), as the paper names them,
 # and as it names their answers when it reports the draft vocabulary's coverage.
-POOLS = {"code": "standard-library code prompts", "math": "word problems", "math2": "second-series word problems"}
-POOL_ANSWERS = {"code": "code answers", "math": "math answers", "math2": "second-series math answers"}
+POOLS = {"code": "standard-library code prompts", "math": "word problems", "math2": "second-series word problems",
+         "math3": "third-series word problems"}
+POOL_ANSWERS = {"code": "code answers", "math": "math answers", "math2": "second-series math answers",
+                "math3": "third-series math answers"}
 
 
 def listing(items: list[str]) -> str:
@@ -814,6 +816,13 @@ def section_training(out: list[str], figures: Path) -> None:
                    "shapes the first series does not use (profit, unit conversion, ratios, schedules, overtime, "
                    "fuel, quantities that grow day by day, …; `load_math_prompts(series=2)`), of which the target "
                    "answered "
+                   f"{num(words['samples'], 'd')}: {num(words['answer_tokens'], 'd')} answer tokens, at "
+                   f"{num(words['tokens_per_s'], '.0f')} tokens/s.")
+    words = result.get("math3_corpus")
+    if words:
+        out.append(f"- **A third math series.** {num(words['pool'], 'd')} word problems from shapes neither earlier "
+                   "series uses (areas, bus passengers, family tickets, commission, shared fares, paint, parking, "
+                   "eggs by the carton, …; `load_math_prompts(series=3)`), of which the target answered "
                    f"{num(words['samples'], 'd')}: {num(words['answer_tokens'], 'd')} answer tokens, at "
                    f"{num(words['tokens_per_s'], '.0f')} tokens/s.")
     for name, arm in arms.items():

@@ -48,4 +48,15 @@ def test_the_second_series_of_word_problems_has_other_shapes_and_leaves_the_firs
     # Other shapes, not the first series' with other numbers: no blanked question is shared.
     assert not {re.sub(r"\d+", "N", p) for p in second} & {re.sub(r"\d+", "N", p) for p in first}
     with pytest.raises(ValueError, match="series must be one of"):
-        load_math_prompts(series=3)
+        load_math_prompts(series=4)
+
+
+def test_the_third_series_of_word_problems_shares_no_shape_with_the_first_two():
+    earlier = load_math_prompts() + load_math_prompts(series=2)
+    third = load_math_prompts(series=3)
+    assert len(third) == len(set(third)) == 2000
+    assert not set(third) & ({p.text for p in load_prompts("math")} | set(earlier))
+    assert load_math_prompts(5, series=3) == third[:5] and load_math_prompts(5, seed=1, series=3) != third[:5]
+    assert all(p.endswith("?") and re.search(r"\d", p) for p in third)
+    assert len({re.sub(r"\d+", "N", p) for p in third}) > len(third) // 2
+    assert not {re.sub(r"\d+", "N", p) for p in third} & {re.sub(r"\d+", "N", p) for p in earlier}

@@ -153,6 +153,13 @@ def test_a_continuation_that_added_prompt_pools_says_so_and_from_which_step():
     assert builder.shipped_pools_clause({"code_sequences": 1, "math_sequences": 1, "math2_sequences": 1}) == \
         " (the shipped DSpark drafter's later training also on standard-library code prompts, word problems and " \
         "second-series word problems)"
+    four = {"arguments": {"steps": 3000, "lr": 3e-4, "code_prompts": 1600, "math_prompts": 1200,
+                          "math2_prompts": 800, "math3_prompts": 600}, "parent": {"run": three}}
+    assert "the last 4 runs with 1600 standard-library code prompts added, the last 3 runs with 1200 word problems " \
+           "added, the last 2 runs with 800 second-series word problems added and the last run with 600 " \
+           "third-series word problems added (§2)" in builder.continuation_sentence(four)
+    assert builder.pool_counts({"math2_sequences": 800, "math3_sequences": 600}) == \
+        "800 of them second-series word problems, 600 third-series word problems"
     assert builder.pool_counts({"code_sequences": 1600, "math_sequences": 1200}) == \
         "1600 of them code prompts, 1200 word problems"
     assert builder.pool_counts({"code_sequences": 0, "math_sequences": 1200, "math2_sequences": 800}) == \
