@@ -26,6 +26,11 @@ def test_code_prompts_are_stdlib_stubs_worded_as_humaneval_and_never_an_evaluati
         assert ast.get_docstring(function) is not None and len(function.body) == 2
 
 
+def _blanked(prompts: list[str]) -> set[str]:
+    """The questions with every number replaced by N: two questions of one shape with other numbers are equal."""
+    return {re.sub(r"\d+", "N", p) for p in prompts}
+
+
 def test_math_prompts_are_distinct_varied_word_problems_and_never_an_evaluation_prompt():
     prompts = load_math_prompts()
     assert len(prompts) == len(set(prompts)) == 4000
@@ -35,28 +40,24 @@ def test_math_prompts_are_distinct_varied_word_problems_and_never_an_evaluation_
     # Questions as GSM8K words them: prose with numbers in it, ending in a question, no instruction around it.
     assert all(p.endswith("?") and re.search(r"\d", p) for p in prompts)
     # Many questions, not a few shapes repeated: with their numbers blanked, over half are still distinct.
-    assert len({re.sub(r"\d+", "N", p) for p in prompts}) > 2000
+    assert len(_blanked(prompts)) > 2000
 
 
-def test_the_second_series_of_word_problems_has_other_shapes_and_leaves_the_first_unchanged():
-    first, second = load_math_prompts(), load_math_prompts(series=2)
-    assert len(second) == len(set(second)) == 2000
-    assert not set(second) & ({p.text for p in load_prompts("math")} | set(first))
-    assert load_math_prompts(5, series=2) == second[:5] and load_math_prompts(5, seed=1, series=2) != second[:5]
-    assert all(p.endswith("?") and re.search(r"\d", p) for p in second)
-    assert len({re.sub(r"\d+", "N", p) for p in second}) > len(second) // 2
-    # Other shapes, not the first series' with other numbers: no blanked question is shared.
-    assert not {re.sub(r"\d+", "N", p) for p in second} & {re.sub(r"\d+", "N", p) for p in first}
+@pytest.mark.parametrize("series", [2, 3])
+def test_each_later_series_of_word_problems_has_shapes_of_its_own(series):
+    earlier = [p for s in range(1, series) for p in load_math_prompts(series=s)]
+    prompts = load_math_prompts(series=series)
+    assert len(prompts) == len(set(prompts)) == 2000
+    assert not set(prompts) & ({p.text for p in load_prompts("math")} | set(earlier))
+    assert load_math_prompts(5, series=series) == prompts[:5]
+    assert load_math_prompts(5, seed=1, series=series) != prompts[:5]
+    assert all(p.endswith("?") and re.search(r"\d", p) for p in prompts)
+    assert len(_blanked(prompts)) > len(prompts) // 2
+    # Other shapes, not an earlier series' with other numbers: no blanked question is shared.
+    assert not _blanked(prompts) & _blanked(earlier)
+
+
+@pytest.mark.parametrize("series", [0, 4])
+def test_an_unknown_series_of_word_problems_is_refused(series):
     with pytest.raises(ValueError, match="series must be one of"):
-        load_math_prompts(series=4)
-
-
-def test_the_third_series_of_word_problems_shares_no_shape_with_the_first_two():
-    earlier = load_math_prompts() + load_math_prompts(series=2)
-    third = load_math_prompts(series=3)
-    assert len(third) == len(set(third)) == 2000
-    assert not set(third) & ({p.text for p in load_prompts("math")} | set(earlier))
-    assert load_math_prompts(5, series=3) == third[:5] and load_math_prompts(5, seed=1, series=3) != third[:5]
-    assert all(p.endswith("?") and re.search(r"\d", p) for p in third)
-    assert len({re.sub(r"\d+", "N", p) for p in third}) > len(third) // 2
-    assert not {re.sub(r"\d+", "N", p) for p in third} & {re.sub(r"\d+", "N", p) for p in earlier}
+        load_math_prompts(series=series)
