@@ -104,24 +104,47 @@ _STDLIB_SKIPPED = {"test", "tests", "idlelib", "lib2to3", "site-packages", "dist
                    "pydoc_data", "__pycache__"}
 
 
-def load_code_prompts(limit: int | None = None, *, seed: int = 0, max_chars: int = 1200) -> list[str]:
+def load_code_prompts(limit: int | None = None, *, seed: int = 0, max_chars: int = 1200, series: int = 1) -> list[str]:
     """Function-completion prompts from Python's standard library, worded as the code evaluation words them.
 
     HumanEval (the code domain) asks the target to complete a function from its signature and docstring, a
-    task the ShareGPT pool rarely poses. This pool poses it with real code that needs no download: every
-    public function and method of the running Python's standard library (tests, demos and the bundled
-    installer skipped) with a docstring of at least 60 characters and a body of at least three statements,
-    cut after its docstring (decorators, signature and docstring at most ``max_chars`` characters), dedented,
-    deduplicated, shuffled with ``seed``, never an evaluation prompt. About 1,870 prompts on Python 3.11;
-    the pool follows the Python version, so a corpus records which prompts it answered (its prompt digest).
+    task the ShareGPT pool rarely poses. This pool poses it with real code that needs no download: functions
+    and methods of the running Python's standard library (tests, demos and the bundled installer skipped)
+    with a body of at least three statements, cut after their docstring (decorators, signature and docstring
+    at most ``max_chars`` characters), dedented. Two series, kept apart so that a corpus answered from one
+    stays valid when the other is added:
+
+    - ``series=1``: public functions with a docstring of at least 60 characters; about 1,870 prompts on
+      Python 3.11.
+    - ``series=2``: the documented functions series 1 leaves out: private ones (a leading underscore) with a
+      docstring of at least 60 characters, and any with a docstring of 25 to 59 characters; about 1,500
+      prompts on Python 3.11, none equal to a series-1 prompt.
+
+    Deduplicated, shuffled with ``seed``, never an evaluation prompt. The pools follow the Python version, so
+    a corpus records which prompts it answered (its prompt digest).
     """
-    import ast
     import random
+
+    if series not in (1, 2):
+        raise ValueError(f"series must be one of [1, 2], got {series!r}")
+    first, second = _stdlib_functions(max_chars)
+    prompts = first if series == 1 else [head for head in second if head not in set(first)]
+    held_out = {p.text for p in load_prompts("code")}
+    prompts = [p for p in prompts if p not in held_out]
+    random.Random(seed).shuffle(prompts)
+    return prompts[:limit]
+
+
+def _stdlib_functions(max_chars: int) -> tuple[list[str], list[str]]:
+    """The standard library's documented functions as completion prompts: (series 1, series 2), each
+    deduplicated, in file and tree order."""
+    import ast
     import sysconfig
     import textwrap
 
     root = Path(sysconfig.get_paths()["stdlib"])
-    seen, prompts = set(), []
+    series = ([], [])
+    seen = (set(), set())
     for path in sorted(root.rglob("*.py")):
         if _STDLIB_SKIPPED & set(path.relative_to(root).parts):
             continue
@@ -132,20 +155,19 @@ def load_code_prompts(limit: int | None = None, *, seed: int = 0, max_chars: int
             continue
         lines = source.split("\n")
         for node in ast.walk(tree):
-            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or node.name.startswith("_"):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or len(node.body) < 3:
                 continue
             doc = ast.get_docstring(node)
-            if doc is None or len(doc) < 60 or len(node.body) < 3:
+            if doc is None or len(doc) < 25:
                 continue
+            which = 0 if len(doc) >= 60 and not node.name.startswith("_") else 1
             first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
             head = textwrap.dedent("\n".join(lines[first - 1: node.body[0].end_lineno]))
-            if len(head) <= max_chars and head not in seen:
-                seen.add(head)
-                prompts.append("Complete this Python function.\n\n" + head + "\n")
-    held_out = {p.text for p in load_prompts("code")}
-    prompts = [p for p in prompts if p not in held_out]
-    random.Random(seed).shuffle(prompts)
-    return prompts[:limit]
+            prompt = "Complete this Python function.\n\n" + head + "\n"
+            if len(head) <= max_chars and prompt not in seen[which]:
+                seen[which].add(prompt)
+                series[which].append(prompt)
+    return series
 
 
 def load_prompt_mix(per_domain: int, offset: int = 0) -> list[Prompt]:

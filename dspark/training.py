@@ -689,6 +689,7 @@ CODE_KEY_OFFSET = 1_000_000
 MATH_KEY_OFFSET = 2_000_000
 MATH2_KEY_OFFSET = 3_000_000
 MATH3_KEY_OFFSET = 4_000_000
+CODE2_KEY_OFFSET = 5_000_000
 
 
 def recipe_corpus_dir(work: Path, precision: str, max_new_tokens: int, num_prompts: int | None = None) -> Path:
@@ -704,6 +705,11 @@ def code_corpus_dir(corpus_dir: Path) -> Path:
 def math_corpus_dir(corpus_dir: Path) -> Path:
     """Where the recipe caches the word-problem prompts' corpus beside the ShareGPT one at ``corpus_dir``."""
     return corpus_dir.with_name(corpus_dir.name + "-word-problems")
+
+
+def code2_corpus_dir(corpus_dir: Path) -> Path:
+    """Where the recipe caches the second series of code prompts' corpus beside the ShareGPT one at ``corpus_dir``."""
+    return corpus_dir.with_name(corpus_dir.name + "-stdlib-code-2")
 
 
 def math2_corpus_dir(corpus_dir: Path) -> Path:
@@ -736,7 +742,8 @@ def _extra_pools(corpus_dir: Path, counts: dict[str, int], archives: dict) -> li
     pools = (("code", load_code_prompts, code_corpus_dir, CODE_KEY_OFFSET),
              ("math", load_math_prompts, math_corpus_dir, MATH_KEY_OFFSET),
              ("math2", lambda: load_math_prompts(series=2), math2_corpus_dir, MATH2_KEY_OFFSET),
-             ("math3", lambda: load_math_prompts(series=3), math3_corpus_dir, MATH3_KEY_OFFSET))
+             ("math3", lambda: load_math_prompts(series=3), math3_corpus_dir, MATH3_KEY_OFFSET),
+             ("code2", lambda: load_code_prompts(series=2), code2_corpus_dir, CODE2_KEY_OFFSET))
     return [_Pool(name, counts[name], archives[name], load() if counts[name] else [], directory(corpus_dir), offset)
             for name, load, directory, offset in pools]
 
@@ -783,7 +790,8 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
                           code_answers: str | os.PathLike | None = None,
                           math_answers: str | os.PathLike | None = None, math2_prompts: int = 0,
                           math2_answers: str | os.PathLike | None = None, math3_prompts: int = 0,
-                          math3_answers: str | os.PathLike | None = None,
+                          math3_answers: str | os.PathLike | None = None, code2_prompts: int = 0,
+                          code2_answers: str | os.PathLike | None = None,
                           continue_from: str | os.PathLike | None = None,
                           work_dir: str | os.PathLike | None = None, calibrate: bool = True,
                           progress: bool = True) -> Path:
@@ -803,11 +811,13 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
        ``code_prompts`` adds that many function-completion prompts from Python's standard library
        (:func:`dspark.data.load_code_prompts`, a prefix of their shuffled order), answered into a corpus of
        their own: they train beside the ShareGPT samples (shuffled in among them) and are never held out,
-       so τ_prob stays measured on the same held-out ShareGPT sequences. ``math_prompts`` does the same with
-       grade-school word problems made from templates (:func:`dspark.data.load_math_prompts`), and
-       ``math2_prompts`` and ``math3_prompts`` with its second and third series of problem shapes (``series=2``
-       and ``series=3``). ``code_answers``, ``math_answers``, ``math2_answers`` and ``math3_answers`` are those
-       corpora's archives, read as ``answers`` is.
+       so τ_prob stays measured on the same held-out ShareGPT sequences. ``code2_prompts`` does the same with
+       the code prompts' second series (``series=2``: the documented functions the first leaves out),
+       ``math_prompts`` with grade-school word problems made from templates
+       (:func:`dspark.data.load_math_prompts`), and ``math2_prompts`` and ``math3_prompts`` with its second and
+       third series of problem shapes (``series=2`` and ``series=3``). ``code_answers``, ``code2_answers``,
+       ``math_answers``, ``math2_answers`` and ``math3_answers`` are those corpora's archives, read as ``answers``
+       is.
     2. ``vocab``: with ``draft_vocab_size``, the draft vocabulary is the most frequent answer tokens of the
        ShareGPT training split (plus EOS), so adding code or math prompts keeps a drafter's vocabulary; its
        coverage of the training, held-out and each extra pool's answers is recorded.
@@ -851,8 +861,10 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     if precision not in ("auto", "fp32", "bf16"):
         raise ValueError(f"precision must be 'auto', 'fp32' or 'bf16', got {precision!r}")
     TrainConfig(objective=objective, ce_weight=ce_weight, l1_weight=l1_weight)  # refuse bad weights up front
-    counts = {"code": code_prompts, "math": math_prompts, "math2": math2_prompts, "math3": math3_prompts}
-    archives = {"code": code_answers, "math": math_answers, "math2": math2_answers, "math3": math3_answers}
+    counts = {"code": code_prompts, "math": math_prompts, "math2": math2_prompts, "math3": math3_prompts,
+              "code2": code2_prompts}
+    archives = {"code": code_answers, "math": math_answers, "math2": math2_answers, "math3": math3_answers,
+                "code2": code2_answers}
     for what in counts:
         count, archive = counts[what], archives[what]
         if count < 0:
@@ -957,10 +969,12 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
                  "calibrate": calibrate,
                  "answers": None if answers is None else Path(answers).name, "code_prompts": code_prompts,
                  "math_prompts": math_prompts, "math2_prompts": math2_prompts, "math3_prompts": math3_prompts,
+                 "code2_prompts": code2_prompts,
                  "code_answers": None if code_answers is None else Path(code_answers).name,
                  "math_answers": None if math_answers is None else Path(math_answers).name,
                  "math2_answers": None if math2_answers is None else Path(math2_answers).name,
                  "math3_answers": None if math3_answers is None else Path(math3_answers).name,
+                 "code2_answers": None if code2_answers is None else Path(code2_answers).name,
                  "continue_from": None if parent is None else parent["directory"]}
     curve = [{k: row[k] for k in ("step", "answer_tokens_seen", "eval_tau_prob", "eval_accuracy")}
              for row in trainer.history if "eval_tau_prob" in row]

@@ -226,9 +226,9 @@ def training_runs(run: dict | None) -> list[dict]:
 # The prompt pools a recipe run may add to the ShareGPT sequences (``<pool>_prompts``), as the paper names them,
 # and as it names their answers when it reports the draft vocabulary's coverage.
 POOLS = {"code": "standard-library code prompts", "math": "word problems", "math2": "second-series word problems",
-         "math3": "third-series word problems"}
+         "math3": "third-series word problems", "code2": "second-series code prompts"}
 POOL_ANSWERS = {"code": "code answers", "math": "math answers", "math2": "second-series math answers",
-                "math3": "third-series math answers"}
+                "math3": "third-series math answers", "code2": "second-series code answers"}
 
 
 def listing(items: list[str]) -> str:
@@ -825,6 +825,13 @@ def section_training(out: list[str], figures: Path) -> None:
                    "eggs by the carton, …; `load_math_prompts(series=3)`), of which the target answered "
                    f"{num(words['samples'], 'd')}: {num(words['answer_tokens'], 'd')} answer tokens, at "
                    f"{num(words['tokens_per_s'], '.0f')} tokens/s.")
+    code = result.get("code2_corpus")
+    if code:
+        out.append(f"- **More code data.** A second series of {num(code['pool'], 'd')} standard-library functions: "
+                   "the documented ones the first leaves out, private functions with a docstring of 60 characters "
+                   "or more and any with a docstring of 25 to 59 (`load_code_prompts(series=2)`), of which the "
+                   f"target answered {num(code['samples'], 'd')}: {num(code['answer_tokens'], 'd')} answer tokens, "
+                   f"at {num(code['tokens_per_s'], '.0f')} tokens/s.")
     for name, arm in arms.items():
         vocab = arm.get("vocab") or {}
         runs = training_runs(arm.get("run"))

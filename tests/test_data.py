@@ -10,20 +10,46 @@ from dspark.data import load_code_prompts, load_math_prompts, load_prompts
 PREFIX = "Complete this Python function.\n\n"
 
 
-def test_code_prompts_are_stdlib_stubs_worded_as_humaneval_and_never_an_evaluation_prompt():
-    prompts = load_code_prompts()
-    assert len(prompts) > 1000  # about 1,870 on Python 3.11: the training recipe asks for 1,600
+@pytest.mark.parametrize("series", [1, 2])
+def test_code_prompts_are_stdlib_stubs_worded_as_humaneval_and_never_an_evaluation_prompt(series):
+    prompts = load_code_prompts(series=series)
+    # About 1,870 and 1,490 on Python 3.11.
+    assert len(prompts) > 1000
     assert len(set(prompts)) == len(prompts)
     assert not set(prompts) & {p.text for p in load_prompts("code")}
-    assert load_code_prompts(5) == prompts[:5]  # a limit keeps a prefix of one fixed order
-    assert load_code_prompts(5, seed=1) != prompts[:5]
-    for prompt in prompts[:50]:
+    assert load_code_prompts(5, series=series) == prompts[:5]  # a limit keeps a prefix of one fixed order
+    assert load_code_prompts(5, seed=1, series=series) != prompts[:5]
+    for prompt in prompts:
         assert prompt.startswith(PREFIX)
         stub = prompt[len(PREFIX):]
         # A signature and docstring only: it parses once a body is added, and holds no statement but the docstring.
-        (function,) = ast.parse(stub + "    pass\n").body
+        # A docstring written from column 0 keeps the signature indented (dedent finds no common margin), so
+        # such a stub parses inside a block.
+        indent = len(stub) - len(stub.lstrip(" "))
+        (function,) = _parsed(stub + " " * (indent + 4) + "pass\n", indent)
         assert isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef))
-        assert ast.get_docstring(function) is not None and len(function.body) == 2
+        doc = ast.get_docstring(function)
+        assert doc is not None and len(function.body) == 2
+        # Series 1 is the public functions with a docstring of 60 characters or more, series 2 the other documented
+        # ones. The length counts the closing quotes' indentation, which the stub's dedent shortens, so only the
+        # bounds that dedenting keeps are checked: series 1 is public, series 2 private or below 60 characters.
+        private = function.name.startswith("_")
+        assert not private if series == 1 else private or len(doc) < 60
+
+
+def test_the_two_series_of_code_prompts_share_no_prompt():
+    assert not set(load_code_prompts(series=1)) & set(load_code_prompts(series=2))
+
+
+@pytest.mark.parametrize("series", [0, 3])
+def test_an_unknown_series_of_code_prompts_is_refused(series):
+    with pytest.raises(ValueError, match="series must be one of"):
+        load_code_prompts(series=series)
+
+
+def _parsed(source: str, indent: int) -> list[ast.stmt]:
+    """The statements of ``source``, whose first line is indented by ``indent`` spaces."""
+    return ast.parse("if True:\n" + source).body[0].body if indent else ast.parse(source).body
 
 
 def _blanked(prompts: list[str]) -> set[str]:

@@ -160,6 +160,11 @@ def test_a_continuation_that_added_prompt_pools_says_so_and_from_which_step():
            "third-series word problems added (§2)" in builder.continuation_sentence(four)
     assert builder.pool_counts({"math2_sequences": 800, "math3_sequences": 600}) == \
         "800 of them second-series word problems, 600 third-series word problems"
+    five = {"arguments": {"steps": 2000, "lr": 3e-4, "code_prompts": 1600, "math_prompts": 1200,
+                          "math2_prompts": 800, "math3_prompts": 600, "code2_prompts": 400}, "parent": {"run": four}}
+    assert "and the last run with 400 second-series code prompts added (§2)" in builder.continuation_sentence(five)
+    assert builder.pool_counts({"code_sequences": 1600, "code2_sequences": 400}) == \
+        "1600 of them code prompts, 400 second-series code prompts"
     assert builder.pool_counts({"code_sequences": 1600, "math_sequences": 1200}) == \
         "1600 of them code prompts, 1200 word problems"
     assert builder.pool_counts({"code_sequences": 0, "math_sequences": 1200, "math2_sequences": 800}) == \

@@ -283,9 +283,10 @@ def test_the_recipe_continues_a_drafter_it_wrote_and_refuses_one_trained_otherwi
 
 
 def test_the_recipe_adds_code_and_math_prompts_to_a_continuation_and_keeps_the_held_out_split(real_target, tmp_path):
-    """Code and math prompts (all three series) are answered into corpora of their own and train beside the ShareGPT
-    samples: the features are read from the right corpus (a sample read from the wrong one fails its token-id check),
-    the vocabulary and the held-out sequences stay the parent's, and the counts are recorded."""
+    """Code prompts (both series) and math prompts (all three series) are answered into corpora of their own and
+    train beside the ShareGPT samples: the features are read from the right corpus (a sample read from the wrong one
+    fails its token-id check), the vocabulary and the held-out sequences stay the parent's, and the counts are
+    recorded."""
     from dspark.training import fastest_precision, train_default_drafter
 
     answers = Path(__file__).resolve().parents[2] / "benchmarks" / "recipes" / "smollm2_drafter.answers.npz"
@@ -293,21 +294,21 @@ def test_the_recipe_adds_code_and_math_prompts_to_a_continuation_and_keeps_the_h
                sequences_per_step=4, num_anchors=4, answers=answers, work_dir=tmp_path / "work", calibrate=False,
                progress=False, max_new_tokens=192)
     parent = train_default_drafter(tmp_path / "parent", steps=2, **toy)
-    child = train_default_drafter(tmp_path / "child", steps=3, continue_from=parent, code_prompts=2, math_prompts=2,
-                                  math2_prompts=2, math3_prompts=2, **toy)
+    child = train_default_drafter(tmp_path / "child", steps=4, continue_from=parent, code_prompts=2, math_prompts=2,
+                                  math2_prompts=2, math3_prompts=2, code2_prompts=2, **toy)
     meta = json.loads((child / "config.json").read_text(encoding="utf-8"))["metadata"]
     first = json.loads((parent / "config.json").read_text(encoding="utf-8"))["metadata"]
-    pools = ("code", "math", "math2", "math3")
+    pools = ("code", "math", "math2", "math3", "code2")
     assert (meta["train_sequences"], *(meta[f"{what}_sequences"] for what in pools), meta["held_out_sequences"]) == \
-        (12, 2, 2, 2, 2, 2)
-    assert [meta["run"]["arguments"][f"{what}_prompts"] for what in pools] == [2, 2, 2, 2]
+        (14, 2, 2, 2, 2, 2, 2)
+    assert [meta["run"]["arguments"][f"{what}_prompts"] for what in pools] == [2, 2, 2, 2, 2]
     assert all(0 < meta["vocab"][f"{what}_coverage"] <= 1 for what in pools)
     assert meta["vocab"]["held_out_coverage"] == first["vocab"]["held_out_coverage"]
     # The child's checkpoint is named after the ShareGPT corpus (6 samples) and each pool's count.
     (checkpoint,) = (tmp_path / "work").glob("checkpoint-*-after*")
-    assert checkpoint.name.startswith(f"checkpoint-dspark-layers1-block7-steps3-vocab256-6seq-"
-                                      f"{fastest_precision('cpu')}-code2-math2-math22-math32-after")
-    # Three steps of four sequences walk all twelve training sequences, the code and math samples among them.
+    assert checkpoint.name.startswith(f"checkpoint-dspark-layers1-block7-steps4-vocab256-6seq-"
+                                      f"{fastest_precision('cpu')}-code2-math2-math22-math32-code22-after")
+    # Four steps of four sequences walk all fourteen training sequences, the code and math samples among them.
     assert meta["final"]["answer_tokens_seen"] - first["final"]["answer_tokens_seen"] >= meta["train_answer_tokens"]
     with pytest.raises(ValueError, match="code_prompts must be 0 or more"):
         train_default_drafter(tmp_path / "other", steps=2, code_prompts=-1, **toy)
@@ -321,15 +322,18 @@ def test_the_recipe_adds_code_and_math_prompts_to_a_continuation_and_keeps_the_h
         train_default_drafter(tmp_path / "other", steps=2, math2_prompts=3000, **toy)
     with pytest.raises(ValueError, match="math3_answers is given but math3_prompts is 0"):
         train_default_drafter(tmp_path / "other", steps=2, math3_answers=tmp_path / "any.npz", **toy)
+    with pytest.raises(ValueError, match="code2_prompts=2000, but its pool holds"):
+        train_default_drafter(tmp_path / "other", steps=2, code2_prompts=2000, **toy)
 
 
 def test_the_recipe_rebuilds_code_and_math_corpora_from_their_archives_without_answering(real_target, tmp_path):
-    """On a fresh cache, ``code_answers``, ``math_answers``, ``math2_answers`` and ``math3_answers`` rebuild the
-    pools' corpora from archives: no prompt is answered again (the manifests keep the archives' answering runs and
-    add one rebuild), the samples hold the same tokens, and a continuation trains on them as on the answered
-    corpora."""
+    """On a fresh cache, ``code_answers``, ``math_answers``, ``math2_answers``, ``math3_answers`` and
+    ``code2_answers`` rebuild the pools' corpora from archives: no prompt is answered again (the manifests keep the
+    archives' answering runs and add one rebuild), the samples hold the same tokens, and a continuation trains on
+    them as on the answered corpora."""
     from dspark.corpus import load_corpus, save_answers
     from dspark.training import (
+        code2_corpus_dir,
         code_corpus_dir,
         fastest_precision,
         math2_corpus_dir,
@@ -344,28 +348,30 @@ def test_the_recipe_rebuilds_code_and_math_corpora_from_their_archives_without_a
                sequences_per_step=4, num_anchors=4, answers=answers, calibrate=False, progress=False,
                max_new_tokens=192)
     parent = train_default_drafter(tmp_path / "parent", steps=2, work_dir=tmp_path / "answered", **toy)
-    pools = dict(code_prompts=2, math_prompts=3, math2_prompts=2, math3_prompts=2)
+    pools = dict(code_prompts=2, math_prompts=3, math2_prompts=2, math3_prompts=2, code2_prompts=2)
     answered = train_default_drafter(tmp_path / "answered-child", steps=2, continue_from=parent,
                                      work_dir=tmp_path / "answered", **pools, **toy)
     precision = fastest_precision("cpu")
     corpus = recipe_corpus_dir(tmp_path / "answered", precision, 192)
     archives = {f"{what}_answers": save_answers(directory(corpus), tmp_path / f"{what}.answers.npz")
                 for what, directory in (("code", code_corpus_dir), ("math", math_corpus_dir),
-                                        ("math2", math2_corpus_dir), ("math3", math3_corpus_dir))}
+                                        ("math2", math2_corpus_dir), ("math3", math3_corpus_dir),
+                                        ("code2", code2_corpus_dir))}
     rebuilt = train_default_drafter(tmp_path / "rebuilt-child", steps=2, continue_from=parent,
                                     work_dir=tmp_path / "fresh", **pools, **archives, **toy)
     fresh = recipe_corpus_dir(tmp_path / "fresh", precision, 192)
-    for directory in (code_corpus_dir, math_corpus_dir, math2_corpus_dir, math3_corpus_dir):
+    for directory in (code_corpus_dir, math_corpus_dir, math2_corpus_dir, math3_corpus_dir, code2_corpus_dir):
         before, after = (json.loads((directory(c) / "corpus.json").read_text(encoding="utf-8"))
                          for c in (corpus, fresh))
         assert after["runs"] == before["runs"] and len(after["rebuilds"]) == 1
         assert [(s.key, s.token_ids.tolist(), s.loss_mask.tolist()) for s in load_corpus(directory(corpus))] == \
             [(s.key, s.token_ids.tolist(), s.loss_mask.tolist()) for s in load_corpus(directory(fresh))]
     metas = [json.loads((d / "config.json").read_text(encoding="utf-8"))["metadata"] for d in (answered, rebuilt)]
-    assert [(m["code_sequences"], m["math_sequences"], m["math2_sequences"], m["math3_sequences"],
-             m["train_answer_tokens"]) for m in metas] == [(2, 3, 2, 2, metas[0]["train_answer_tokens"])] * 2
-    assert [metas[1]["run"]["arguments"][f"{what}_answers"] for what in ("code", "math", "math2", "math3")] == \
-        ["code.answers.npz", "math.answers.npz", "math2.answers.npz", "math3.answers.npz"]
+    added = ("code", "math", "math2", "math3", "code2")
+    assert [(*(m[f"{what}_sequences"] for what in added), m["train_answer_tokens"]) for m in metas] == \
+        [(2, 3, 2, 2, 2, metas[0]["train_answer_tokens"])] * 2
+    assert [metas[1]["run"]["arguments"][f"{what}_answers"] for what in added] == \
+        [f"{what}.answers.npz" for what in added]
 
 
 def test_the_recipe_precision_resolves_to_a_dtype_this_machine_runs_fast(tmp_path):
