@@ -128,7 +128,8 @@ def load_code_prompts(limit: int | None = None, *, seed: int = 0, max_chars: int
     if series not in (1, 2):
         raise ValueError(f"series must be one of [1, 2], got {series!r}")
     first, second = _stdlib_functions(max_chars)
-    prompts = first if series == 1 else [head for head in second if head not in set(first)]
+    taken = set(first)
+    prompts = first if series == 1 else [p for p in second if p not in taken]
     held_out = {p.text for p in load_prompts("code")}
     prompts = [p for p in prompts if p not in held_out]
     random.Random(seed).shuffle(prompts)
