@@ -8,8 +8,8 @@ without retraining.
 The arms: ``dspark`` (the recipe, then a third and a fourth pass over its data, a fifth and sixth in one
 schedule, four more in another, four and a half more in another, 8,000 steps more with standard-library
 code prompts added, 6,000 more with word problems added too, 6,000 more on the whole code and word-problem
-pools, 4,000 more with a second series of word problems added, and 4,000 more with a third:
-``smollm2_drafter_pass3.json`` to ``smollm2_drafter_pass12.json``),
+pools, 4,000 more with a second series of word problems added, 4,000 more with a third, and 4,000 more with a
+second series of code prompts: ``smollm2_drafter_pass3.json`` to ``smollm2_drafter_pass13.json``),
 ``dflash`` and ``eagle3`` (its ``--objective`` baselines; DFlash continued for a third and a fourth pass), and
 ``dspark-ce``, the DSpark drafter trained on cross-entropy alone (``--ce-weight 1 --l1-weight 0``, continued by
 ``smollm2_drafter_ce_pass3.json`` and ``smollm2_drafter_ce_pass4.json``): the DSpark architecture with DFlash's
