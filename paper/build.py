@@ -829,7 +829,7 @@ def section_training(out: list[str], figures: Path) -> None:
     if code:
         out.append(f"- **More code data.** A second series of {num(code['pool'], 'd')} standard-library functions: "
                    "the documented ones the first leaves out, private functions with a docstring of 60 characters "
-                   "or more and any with a docstring of 25 to 59 (`load_code_prompts(series=2)`), of which the "
+                   "or more and any with a shorter one of at least 25 (`load_code_prompts(series=2)`), of which the "
                    f"target answered {num(code['samples'], 'd')}: {num(code['answer_tokens'], 'd')} answer tokens, "
                    f"at {num(code['tokens_per_s'], '.0f')} tokens/s.")
     for name, arm in arms.items():

@@ -22,14 +22,13 @@ def test_code_prompts_are_stdlib_stubs_worded_as_humaneval_and_never_an_evaluati
     for prompt in prompts:
         assert prompt.startswith(PREFIX)
         stub = prompt[len(PREFIX):]
-        # A signature and docstring only: it parses once a body is added, and holds no statement but the docstring.
-        # A docstring written from column 0 keeps the signature indented (dedent finds no common margin), so
-        # such a stub parses inside a block.
-        indent = len(stub) - len(stub.lstrip(" "))
-        (function,) = _parsed(stub + " " * (indent + 4) + "pass\n", indent)
+        # A signature and docstring only: the stub parses as a function whose body is its docstring. A docstring
+        # written from column 0 keeps the signature indented (dedent finds no common margin), so such a stub
+        # parses inside a block.
+        (function,) = _parsed(stub)
         assert isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef))
         doc = ast.get_docstring(function)
-        assert doc is not None and len(function.body) == 2
+        assert doc is not None and len(function.body) == 1
         # Series 1 is the public functions with a docstring of 60 characters or more, series 2 the other documented
         # ones. The length counts the closing quotes' indentation, which the stub's dedent shortens, so only the
         # bounds that dedenting keeps are checked: series 1 is public, series 2 private or below 60 characters.
@@ -47,9 +46,9 @@ def test_an_unknown_series_of_code_prompts_is_refused(series):
         load_code_prompts(series=series)
 
 
-def _parsed(source: str, indent: int) -> list[ast.stmt]:
-    """The statements of ``source``, whose first line is indented by ``indent`` spaces."""
-    return ast.parse("if True:\n" + source).body[0].body if indent else ast.parse(source).body
+def _parsed(source: str) -> list[ast.stmt]:
+    """The statements of ``source``, whose first line may be indented."""
+    return ast.parse("if True:\n" + source).body[0].body if source.startswith(" ") else ast.parse(source).body
 
 
 def _blanked(prompts: list[str]) -> set[str]:
