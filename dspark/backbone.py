@@ -152,6 +152,17 @@ class ContextCache:
         self.values = [v[rows] for v in self.values]
         self.lengths = self.lengths[rows]
 
+    def merge(self, other: ContextCache) -> None:
+        """Append the requests of ``other``, in place (continuous batching); the capacity becomes the larger."""
+        capacity = max(self.capacity, other.capacity)
+
+        def padded(t: torch.Tensor) -> torch.Tensor:
+            return torch.cat([t, t.new_zeros(t.shape[0], capacity - t.shape[1], *t.shape[2:])], 1)
+
+        self.keys = [torch.cat([padded(a), padded(b)]) for a, b in zip(self.keys, other.keys)]
+        self.values = [torch.cat([padded(a), padded(b)]) for a, b in zip(self.values, other.values)]
+        self.lengths = torch.cat([self.lengths, other.lengths.to(self.lengths)])
+
     def _reserve(self, needed: int) -> None:
         if needed <= self.capacity:
             return

@@ -295,44 +295,79 @@ def _progress(total: int, enabled: bool, desc: str):
     return tqdm(total=total, desc=desc, unit="tok", leave=False)
 
 
+def _check_max_batch(max_batch: int | None) -> None:
+    if max_batch is not None and (isinstance(max_batch, bool) or not isinstance(max_batch, numbers.Integral)
+                                  or max_batch < 1):
+        raise ValueError(f"max_batch must be None (every prompt in one batch) or an int >= 1, got {max_batch!r}")
+
+
+def _admission_groups(pending: list[int], room: int, continuous: bool) -> list[list[int]]:
+    """The prompts that join now, in prefill groups: all at once in one batch, or one by one in continuous
+    batching, where a request's prefill must not depend on which requests happened to finish beside it (bf16
+    prefills of several rows round each row by the others, see :mod:`dspark.invariant`)."""
+    joining = pending[:room]
+    return [[i] for i in joining] if continuous else [joining] if joining else []
+
+
 @torch.no_grad()
 def generate(target, prompts: list[list[int]], config: SamplingConfig | None = None, *,
-             progress: bool = False) -> GenerationResult:
-    """Plain target-only decoding, one token per step per request (the baseline)."""
+             max_batch: int | None = None, progress: bool = False) -> GenerationResult:
+    """Plain target-only decoding, one token per step per request (the baseline).
+
+    ``max_batch=None`` decodes every prompt in one batch. ``max_batch=k`` is continuous batching: at most k
+    requests run at a time, each prefilled on its own, and a request that finishes hands its place to the next
+    prompt before the next step, as a serving engine keeps its batch full.
+    """
     config = config or SamplingConfig()
     _check_prompts(target, prompts, config)
+    _check_max_batch(max_batch)
     eos = config.eos_token_id if config.eos_token_id is not None else target.eos_token_id
     gen = torch.Generator().manual_seed(config.seed)
     bar = _progress(len(prompts) * config.max_new_tokens, progress, "target-only")
     start = time.perf_counter()
-    state, logits, *_ = prefill(target, prompts)
-    prefilled = time.perf_counter()
-    steps = 0
+    limit = len(prompts) if max_batch is None else max_batch
+    prefill_s, steps = 0.0, 0
     out = _Outputs(len(prompts), config.max_new_tokens, eos)
-    active = torch.arange(len(prompts))
-    token = sample(logits, config, gen)
-    one = torch.ones(len(prompts), dtype=torch.long)
+    pending = list(range(len(prompts)))
+    device = target.device
+    state, active, token = None, torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long, device=device)
     while True:
-        out.append(active, token[:, None], one[: len(active)])
-        if bar:
-            bar.update(len(active))
+        t0 = time.perf_counter()
+        for group in _admission_groups(pending, limit - len(active), max_batch is not None):
+            pending = pending[len(group):]
+            joined, logits, *_ = prefill(target, [prompts[i] for i in group])
+            first = sample(logits, config, gen)
+            if len(active):
+                target.merge(state, joined)
+            else:
+                state = joined
+            rows = torch.tensor(group)
+            active, token = torch.cat([active, rows]), torch.cat([token, first])
+            out.append(rows, first[:, None], torch.ones(len(group), dtype=torch.long))
+            if bar:
+                bar.update(len(group))
+        prefill_s += time.perf_counter() - t0
         done = out.finished(active)
-        if bool(done.all()):
-            break
         if bool(done.any()):
             keep = (~done).nonzero().squeeze(1)
             target.select(state, keep)
-            active, token = active[keep], token[keep.to(token.device)]
-        device = target.device
+            active, token = active[keep], token[keep.to(device)]
+        if pending and len(active) < limit:
+            continue  # places came free: fill them before the next step
+        if not len(active):
+            break
         step = target.forward(state, token[:, None].to(device), state.next_pos[:, None],
                               torch.ones(len(active), 1, dtype=torch.bool, device=device))
         state.next_pos = state.next_pos + 1
         token = sample(step.logits[:, -1], config, gen)
+        out.append(active, token[:, None], torch.ones(len(active), dtype=torch.long))
+        if bar:
+            bar.update(len(active))
         steps += 1
     if bar:
         bar.close()
-    end = time.perf_counter()
-    return GenerationResult(out.lists(), end - start, timings={"prefill": prefilled - start, "decode": end - prefilled},
+    seconds = time.perf_counter() - start
+    return GenerationResult(out.lists(), seconds, timings={"prefill": prefill_s, "decode": seconds - prefill_s},
                             steps=steps)
 
 
@@ -379,9 +414,16 @@ class SpeculativeDecoder:
         self.drafts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
 
     @torch.no_grad()
-    def start(self, prompts: list[list[int]]) -> SpeculativeDecoder:
-        """Prefill the target, fill the drafter's context cache, sample the first token from the target."""
+    def start(self, prompts: list[list[int]], max_batch: int | None = None) -> SpeculativeDecoder:
+        """Prefill the target, fill the drafter's context cache, sample the first token from the target.
+
+        ``max_batch=None`` decodes every prompt in one batch. ``max_batch=k`` is continuous batching: at most k
+        requests run at a time, each prefilled on its own, and a request that finishes hands its place to the
+        next prompt at the end of its round (as :func:`generate` does with the same argument, so their tokens
+        compare).
+        """
         _check_prompts(self.target, prompts, self.config, self.gamma)
+        _check_max_batch(max_batch)
         self.generator = torch.Generator().manual_seed(self.config.seed)
         self.stats = AcceptanceStats(self.gamma)
         self.timings = {"prefill": 0.0, "draft": 0.0, "schedule": 0.0, "target": 0.0, "verify": 0.0,
@@ -390,23 +432,46 @@ class SpeculativeDecoder:
         self.rounds_without_drafts = 0  # rounds the scheduler could not send a draft in, so nothing was drafted
         self.rounds, self.drafts = [], []  # a new decode's records only
         self.waiting: list[tuple[torch.Tensor, torch.Tensor]] = []
-        t0 = time.perf_counter()
-        self.state, logits, prompt_step, lengths, ids = prefill(self.target, prompts)
-        self.cache = self.drafter.new_cache(len(prompts), capacity=int(lengths.max()) + 16, device=self.device,
-                                            dtype=self.dtype)
-        self.drafter.extend_cache(self.cache, prompt_step.taps.to(self.dtype), lengths, token_ids=ids)
-        self.anchor = sample(logits, self.config, self.generator).to(self.device)
+        self.prompts, self.pending = list(prompts), list(range(len(prompts)))
+        self.limit, self.continuous = (len(prompts), False) if max_batch is None else (max_batch, True)
         self.outputs = _Outputs(len(prompts), self.config.max_new_tokens, self.eos)
-        self.active = torch.arange(len(prompts))
         self.request_rounds = torch.zeros(len(prompts), dtype=torch.long)
-        self.outputs.append(self.active, self.anchor[:, None], torch.ones(len(prompts), dtype=torch.long))
-        self.timings["prefill"] = time.perf_counter() - t0
-        self._drop_finished()
+        self.state, self.cache = None, None
+        self.active = torch.zeros(0, dtype=torch.long)
+        self.anchor = torch.zeros(0, dtype=torch.long, device=self.device)
+        self._admit()
         return self
+
+    def _admit(self) -> None:
+        """Let waiting prompts join while there is room: prefill each group, fill its drafter cache, sample its
+        first token, and append it to the running batch (requests that finish at once hand their place on)."""
+        t0 = time.perf_counter()
+        while groups := _admission_groups(self.pending, self.limit - len(self.active), self.continuous):
+            if len(self.active):
+                self._catch_up()  # waiting rows hold one row per request and round; the joining ones have none
+            else:
+                self.waiting = []
+            for group in groups:
+                self.pending = self.pending[len(group):]
+                state, logits, prompt_step, lengths, ids = prefill(self.target, [self.prompts[i] for i in group])
+                cache = self.drafter.new_cache(len(group), capacity=int(lengths.max()) + 16, device=self.device,
+                                               dtype=self.dtype)
+                self.drafter.extend_cache(cache, prompt_step.taps.to(self.dtype), lengths, token_ids=ids)
+                anchor = sample(logits, self.config, self.generator).to(self.device)
+                if len(self.active):
+                    self.target.merge(self.state, state)
+                    self.cache.merge(cache)
+                else:
+                    self.state, self.cache = state, cache
+                rows = torch.tensor(group)
+                self.active, self.anchor = torch.cat([self.active, rows]), torch.cat([self.anchor, anchor])
+                self.outputs.append(rows, anchor[:, None], torch.ones(len(group), dtype=torch.long))
+            self._drop_finished()
+        self.timings["prefill"] += time.perf_counter() - t0
 
     @property
     def finished(self) -> bool:
-        return len(self.active) == 0
+        return len(self.active) == 0 and not self.pending
 
     @property
     def out(self) -> list[list[int]]:
@@ -497,6 +562,7 @@ class SpeculativeDecoder:
                               ("verify", t3 - t_target), ("bookkeeping", t4 - t3)):
             self.timings[name] += seconds
         self.steps += 1
+        self._admit()  # continuous batching: the places finished requests left go to waiting prompts
         return counts
 
     def _verify(self, logits: torch.Tensor, draft: DraftOutput | None, verify_len: torch.Tensor,
@@ -532,9 +598,9 @@ class SpeculativeDecoder:
             bar.update(int(self.outputs.count.sum()))
         t0 = time.perf_counter() - self.timings["prefill"]
         while not self.finished:
-            counts = self.step()
-            if bar:
-                bar.update(sum(counts))
+            self.step()
+            if bar:  # the round's tokens and the first tokens of requests that joined after it
+                bar.update(int(self.outputs.count.sum()) - bar.n)
         if bar:
             bar.close()
         return GenerationResult(self.outputs.lists(), time.perf_counter() - t0, self.stats, self.timings, self.steps,
@@ -542,8 +608,9 @@ class SpeculativeDecoder:
 
 
 def speculative_generate(target, drafter, prompts: list[list[int]], config: SamplingConfig | None = None, *,
-                         scheduler: Scheduler | None = None, backend: str = "auto",
+                         scheduler: Scheduler | None = None, backend: str = "auto", max_batch: int | None = None,
                          progress: bool = False) -> GenerationResult:
-    """Decode ``prompts`` with DSpark speculative decoding; see :class:`SpeculativeDecoder`."""
+    """Decode ``prompts`` with DSpark speculative decoding; see :class:`SpeculativeDecoder` (``max_batch``: see
+    :meth:`SpeculativeDecoder.start`)."""
     decoder = SpeculativeDecoder(target, drafter, config, scheduler=scheduler, backend=backend)
-    return decoder.start(prompts).run(progress)
+    return decoder.start(prompts, max_batch).run(progress)

@@ -94,6 +94,10 @@ class ChainCache(ContextCache):
         super().select(rows)
         self.last_hidden = self.last_hidden[rows.to(self.last_hidden.device)]
 
+    def merge(self, other: ChainCache) -> None:
+        super().merge(other)
+        self.last_hidden = torch.cat([self.last_hidden, other.last_hidden])
+
 
 class Eagle3Drafter(nn.Module):
     """The EAGLE-3-style chain drafter. ``config.block_size`` is the chain length γ; one layer, no heads."""

@@ -299,6 +299,31 @@ class TargetModel:
         state.next_pos = state.next_pos[rows]
         state.slot_pos = state.slot_pos[rows]
 
+    def merge(self, state: TargetState, other: TargetState) -> None:
+        """Append the requests of ``other`` to ``state``, in place (continuous batching: a prefilled request joins
+        a running batch).
+
+        The two caches rarely hold as many slots, so the shorter is padded at its end with slots that are never
+        valid: a request's own slots keep their order, and every slot fed later comes after all of them.
+        """
+        layers = getattr(state.cache, "layers", None)
+        if layers is None or getattr(other.cache, "layers", None) is None:
+            raise ValueError("merging decoding states needs a transformers cache with per-layer keys and values "
+                             "(transformers >= 4.56)")
+        width = max(state.valid.shape[1], other.valid.shape[1])
+
+        def padded(t: torch.Tensor, dim: int) -> torch.Tensor:
+            shape = list(t.shape)
+            shape[dim] = width - t.shape[dim]
+            return torch.cat([t, t.new_zeros(shape)], dim)
+
+        for mine, theirs in zip(layers, other.cache.layers):  # keys and values: [B, kv heads, slots, head dim]
+            mine.keys = torch.cat([padded(mine.keys, 2), padded(theirs.keys, 2)])
+            mine.values = torch.cat([padded(mine.values, 2), padded(theirs.values, 2)])
+        state.valid = torch.cat([padded(state.valid, 1), padded(other.valid, 1)])
+        state.slot_pos = torch.cat([padded(state.slot_pos, 1), padded(other.slot_pos, 1)])
+        state.next_pos = torch.cat([state.next_pos, other.next_pos])
+
 
 def load_target(path: str | os.PathLike, gguf_file: str | None = None, *, dtype=torch.float32,
                 tap_layers: list[int] | None = None, cache_dir: str | os.PathLike | None = None,

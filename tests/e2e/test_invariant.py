@@ -182,6 +182,25 @@ def test_bf16_greedy_speculative_decoding_equals_greedy_decoding(layout):
             assert single == plain, f"{policy.name}, batch 1"
 
 
+@pytest.mark.parametrize("layout", BF16_LAYOUTS)
+def test_bf16_continuous_batching_gives_each_request_its_tokens_alone(layout):
+    # Requests join one by one as others finish, at other rounds in each decoder: exact only because every
+    # request is prefilled alone and every later pass computes each row as it would alone.
+    target = _wide_bf16_target()
+    drafter = drafter_for(target).to(torch.bfloat16)
+    prompts = LONG_PROMPTS + [p[:29] for p in LONG_PROMPTS[:2]]
+    with few_row_layout(*layout):
+        greedy = SamplingConfig(max_new_tokens=16, temperature=0.0)
+        eos = generate(target, prompts[:1], greedy).tokens[0][6]
+        config = SamplingConfig(max_new_tokens=16, temperature=0.0, eos_token_id=eos)
+        alone = [generate(target, [p], config).tokens[0] for p in prompts]
+        assert len({len(t) for t in alone}) > 1, "the EOS must end some requests early"
+        assert generate(target, prompts, config, max_batch=2).tokens == alone
+        for policy in (FixedLength(4), PrefixScheduler(SPSTable.linear(1.0, 0.05, 64))):
+            spec = speculative_generate(target, drafter, prompts, config, scheduler=policy, max_batch=2)
+            assert spec.tokens == alone, policy.name
+
+
 def test_a_bf16_target_chooses_among_row_invariant_layouts():
     target = tiny_target(dtype=torch.bfloat16, invariant_attention=True)
     with few_row_layout(SKINNY_ROWS):

@@ -36,3 +36,7 @@ def test_batched_and_speculative_decodes_equal_each_prompt_alone(architecture):
             f"batched speculative, {policy.name}"
     single = [speculative_generate(target, drafter, [p], config, scheduler=FixedLength(3)).tokens[0] for p in PROMPTS]
     assert single == want, "speculative at batch 1"
+    # Continuous batching pads the joining request's slots or the running ones' to a common count.
+    assert generate(target, PROMPTS, config, max_batch=2).tokens == want, "continuous generate"
+    continuous = speculative_generate(target, drafter, PROMPTS, config, scheduler=FixedLength(3), max_batch=2)
+    assert continuous.tokens == want, "continuous speculative"

@@ -184,6 +184,60 @@ def test_eos_and_max_tokens_end_requests():
     assert all(len(t) <= 30 for t in spec)
 
 
+@pytest.mark.parametrize("max_batch", [1, 2, 4])
+def test_continuous_batching_gives_each_request_the_tokens_it_gets_alone(max_batch):
+    # An EOS ends requests at different rounds, so places come free at different times in the two decoders.
+    target = tiny_target()
+    greedy = SamplingConfig(max_new_tokens=20, temperature=0.0)
+    alone = [generate(target, [p], greedy).tokens[0] for p in PROMPTS]
+    config = SamplingConfig(max_new_tokens=20, temperature=0.0, eos_token_id=alone[0][4])
+    alone = [generate(target, [p], config).tokens[0] for p in PROMPTS]
+    assert len({len(t) for t in alone}) > 1, "the EOS must end some requests early"
+    assert generate(target, PROMPTS, config, max_batch=max_batch).tokens == alone
+    for drafter in (drafter_for(target), eagle3_for(target)):
+        for policy in policies()[:4]:
+            spec = speculative_generate(target, drafter, PROMPTS, config, scheduler=policy, max_batch=max_batch)
+            assert spec.tokens == alone, (type(drafter).__name__, policy.name)
+
+
+def test_requests_that_join_a_running_batch_keep_caches_equal_to_a_fresh_prefill():
+    """Continuous batching merges each prefilled request into the running caches: after requests have finished and
+    others joined, every active request's caches compute what a fresh prefill of its text would."""
+    target = tiny_target(vocab=16)
+    drafter = drafter_for(target)
+    decoder = SpeculativeDecoder(target, drafter, SamplingConfig(max_new_tokens=12, temperature=1.0, seed=3))
+    decoder.start(PROMPTS, max_batch=2)
+    while len(decoder.pending) > 1:
+        decoder.step()
+    assert len(decoder.active) == 2 and set(decoder.active.tolist()) != {0, 1}, "a later prompt must have joined"
+    for row, req in enumerate(decoder.active.tolist()):
+        committed = PROMPTS[req] + decoder.out[req][:-1]
+        anchor = decoder.out[req][-1]
+        fresh = target.model(input_ids=torch.tensor([committed + [anchor]])).logits[0, -1]
+        live = target.forward(_single(target, decoder.state, row), torch.tensor([[anchor]]),
+                              decoder.state.next_pos[row: row + 1, None], torch.ones(1, 1, dtype=torch.bool))
+        # fp32 attention over a cache padded and holed vs one without: same sums, different order.
+        assert_close(live.logits[0, -1], fresh, rtol=1e-4, atol=1e-4, name=f"target logits, request {req}")
+        step = target.forward(target.new_state(1), torch.tensor([committed]), torch.arange(len(committed))[None],
+                              torch.ones(1, len(committed), dtype=torch.bool))
+        fresh_cache = drafter.new_cache(1)
+        drafter.extend_cache(fresh_cache, step.taps, torch.tensor([len(committed)]))
+        assert int(decoder.cache.lengths[row]) == len(committed)
+        with torch.no_grad():
+            want = drafter.forward_cached(torch.tensor([anchor]), fresh_cache)
+            got = drafter.forward_cached(torch.tensor([anchor]), _single_cache(decoder.cache, row))
+        assert_close(got, want, rtol=1e-4, atol=1e-4, name=f"drafter hidden, request {req}")
+
+
+@pytest.mark.parametrize("max_batch", [0, -1, 1.5, True, "2"])
+def test_decoders_refuse_a_batch_limit_that_is_not_a_positive_int(max_batch):
+    target = tiny_target()
+    with pytest.raises(ValueError, match="max_batch must be None"):
+        generate(target, PROMPTS, max_batch=max_batch)
+    with pytest.raises(ValueError, match="max_batch must be None"):
+        speculative_generate(target, drafter_for(target), PROMPTS, max_batch=max_batch)
+
+
 def test_rollback_leaves_caches_equal_to_a_fresh_prefill():
     """After rounds with both acceptances and rejections, both caches compute what a fresh prefill would."""
     target = tiny_target(vocab=16)
