@@ -1,4 +1,4 @@
-"""Speculative vs target-only decoding with the default target, batch 1 and 4, in one run.
+"""Speculative vs target-only decoding with the default target, batch 1 and 4, static and continuous, in one run.
 
 Greedy decoding of held-out real prompts (math, code, chat) with SmolLM2-135M-Instruct; the drafter is ``--drafter
 PATH``, else the trained one when available (``dspark.checkpoint.find_default_drafter``), else an untrained one, and
@@ -9,7 +9,10 @@ for all three modes. The target and drafter run in ``--precision`` (default auto
 bf16 faster, with invariant attention, ``dspark.invariant``). A bf16 run also times the fp32 target alone on the
 same prompts, in the same rotation, so that its speedup can be read against fp32 plain decoding as well
 (``fp32_target_only_tokens_per_s``; those outputs differ by bf16 rounding and are not compared). The modes take
-turns, chunk of prompts by chunk. Reports tokens/s of both modes, their ratio, τ and per-position acceptance, what a
+turns, chunk of prompts by chunk. Batch 4 runs twice: in static chunks of 4 prompts, where a chunk's last rounds
+run with the requests that have not finished yet, and with continuous batching (``max_batch=4``: a finished request
+hands its place to the next prompt, as a serving engine keeps its batch full), where each mode decodes all the
+prompts twice, in mirrored order (``batching`` in each row says which). Reports tokens/s of both modes, their ratio, τ and per-position acceptance, what a
 round costs in units of one plain target step at the same batch (draft, schedule, the verify pass's forward,
 verification with its cache updates, bookkeeping), the profile, and checks the outputs are identical. Writes
 ``e2e_cpu.json`` (or ``_gpu``; ``--tag NAME`` appends ``_NAME``, to keep another drafter's or machine's run apart
@@ -38,7 +41,8 @@ from dspark.linear import describe_layout, skinny_layout, skinny_rows  # noqa: E
 from dspark.scheduler import FixedLength, PrefixScheduler  # noqa: E402
 
 
-def _row(batch, scheduler, sps, plain_runs, spec_runs, plain_s, step_s, num_prompts, fp32_runs, layout) -> dict:
+def _row(batch, batching, scheduler, sps, plain_runs, spec_runs, plain_s, step_s, num_prompts, fp32_runs,
+         layout) -> dict:
     stats = spec_runs[0].stats
     for run in spec_runs[1:]:
         stats = stats.merge(run.stats)
@@ -47,7 +51,7 @@ def _row(batch, scheduler, sps, plain_runs, spec_runs, plain_s, step_s, num_prom
     rounds = sum(r.steps for r in spec_runs)
     parts = {k: sum(r.timings[k] for r in spec_runs) / rounds / step_s
              for k in ("draft", "schedule", "target", "verify", "bookkeeping")}
-    row = {"batch": batch, "scheduler": scheduler, "prompts": num_prompts, "new_tokens": new,
+    row = {"batch": batch, "batching": batching, "scheduler": scheduler, "prompts": num_prompts, "new_tokens": new,
            "target_only_tokens_per_s": new / plain_s, "speculative_tokens_per_s": new / spec_s,
            "speedup": plain_s / spec_s,
            "identical_outputs": [t for r in plain_runs for t in r.tokens] == [t for r in spec_runs for t in r.tokens],
@@ -60,7 +64,7 @@ def _row(batch, scheduler, sps, plain_runs, spec_runs, plain_s, step_s, num_prom
     if fp32_runs:
         row["fp32_target_only_tokens_per_s"] = sum(r.new_tokens for r in fp32_runs) / sum(r.seconds for r in fp32_runs)
         row["speedup_over_fp32_target_only"] = row["speculative_tokens_per_s"] / row["fp32_target_only_tokens_per_s"]
-    print(f"batch {batch}, {scheduler}: target-only {row['target_only_tokens_per_s']:.1f} tok/s, speculative "
+    print(f"batch {batch} ({batching}), {scheduler}: target-only {row['target_only_tokens_per_s']:.1f} tok/s, speculative "
           f"{row['speculative_tokens_per_s']:.1f} tok/s, speedup {row['speedup']:.2f}x, tau {stats.tau:.2f}, "
           f"identical {row['identical_outputs']}; a round costs {row['round_in_target_steps']:.2f} target steps "
           f"({', '.join(f'{k} {v:.2f}' for k, v in parts.items())})"
@@ -88,26 +92,37 @@ def main(argv=None) -> int:
     config = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=0.0)
     gamma = drafter.config.block_size
     rows = []
-    for batch in (1, 4):
-        sps = choose_few_row_layout(target, batch * (gamma + 1), requests=batch)
+    for batch, batching in ((1, "static"), (4, "static"), (4, "continuous")):
+        if batching == "static":  # the continuous run keeps the profile and layout taken at its batch
+            sps = choose_few_row_layout(target, batch * (gamma + 1), requests=batch)
         schedulers = {"every slot": lambda: FixedLength(gamma),
                       "algorithm-1": lambda sps=sps: PrefixScheduler(sps, backoff=BACKOFF)}
-        chunks = [prompts[i: i + batch] for i in range(0, len(prompts), batch)]
-        # The modes take turns chunk by chunk, so that the machine's drift in speed during the run (10% on a
-        # shared CPU) reaches all of them alike instead of favouring whichever ran in a fast stretch.
         plain_runs, spec_runs, fp32_runs = [], {name: [] for name in schedulers}, []
-        for chunk in chunks:
-            plain_runs.append(generate(target, chunk, config))
-            if fp32_target is not None:
-                fp32_runs.append(generate(fp32_target, chunk, config))
-            for name, make_scheduler in schedulers.items():
-                spec_runs[name].append(speculative_generate(target, drafter, chunk, config,
-                                                            scheduler=make_scheduler()))
+        if batching == "static":
+            # The modes take turns chunk by chunk, so that the machine's drift in speed during the run (10% on a
+            # shared CPU) reaches all of them alike instead of favouring whichever ran in a fast stretch.
+            turns = [(prompts[i: i + batch], ["plain", "fp32", *schedulers]) for i in range(0, len(prompts), batch)]
+            max_batch = None
+        else:
+            # Each mode decodes every prompt in one continuous batch, twice, in mirrored order.
+            modes = ["plain", *schedulers]
+            turns = [(prompts, modes), (prompts, modes[::-1])]
+            max_batch = batch
+        for chunk, modes in turns:
+            for mode in modes:
+                if mode == "plain":
+                    plain_runs.append(generate(target, chunk, config, max_batch=max_batch))
+                elif mode == "fp32":
+                    if fp32_target is not None:
+                        fp32_runs.append(generate(fp32_target, chunk, config))
+                else:
+                    spec_runs[mode].append(speculative_generate(target, drafter, chunk, config,
+                                                                scheduler=schedulers[mode](), max_batch=max_batch))
         # One target step: a plain decoding step at this batch. A round's parts are given in those units.
         step_s = sum(r.timings["decode"] for r in plain_runs) / sum(r.steps for r in plain_runs)
         plain_s = sum(r.seconds for r in plain_runs)
         for name, runs in spec_runs.items():
-            rows.append(_row(batch, name, sps, plain_runs, runs, plain_s, step_s, len(prompts), fp32_runs,
+            rows.append(_row(batch, batching, name, sps, plain_runs, runs, plain_s, step_s, len(prompts), fp32_runs,
                              describe_layout(target.dtype)))
     device = "gpu" if torch.cuda.is_available() else "cpu"
     name = f"e2e_{device}" + (f"_{args.tag}" if args.tag else "")
