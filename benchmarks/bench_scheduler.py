@@ -141,13 +141,14 @@ def roofline_draft_seconds(requests: int, bandwidth: float) -> float:
 def cpu_draft_seconds(results: Path) -> Callable[[int], float] | None:
     """Seconds of a draft step on this CPU: measured at batch 1 and 4 by bench_e2e, linear in R.
 
-    Read from the rows that verify every slot, where every round drafts (Algorithm 1 with back-off skips some).
+    Read from the static-batch rows that verify every slot, where every round drafts (Algorithm 1 with back-off
+    skips some).
     """
     path = results / "e2e_cpu.json"
     if not path.exists():
         return None
     rows = {r["batch"]: r for r in json.loads(path.read_text(encoding="utf-8"))["rows"]
-            if r["scheduler"] == "every slot"}
+            if r["scheduler"] == "every slot" and r.get("batching", "static") == "static"}
     if not {1, 4} <= rows.keys():
         return None
     at = {b: rows[b]["round_parts_in_target_steps"]["draft"] * rows[b]["target_step_ms"] / 1e3 for b in (1, 4)}
