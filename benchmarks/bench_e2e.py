@@ -12,9 +12,10 @@ same prompts, in the same rotation, so that its speedup can be read against fp32
 turns, chunk of prompts by chunk. Batch 4 runs twice: in static chunks of 4 prompts, where a chunk's last rounds
 run with the requests that have not finished yet, and with continuous batching (``max_batch=4``: a finished request
 hands its place to the next prompt, as a serving engine keeps its batch full), where each mode decodes all the
-prompts twice, in mirrored order (``batching`` in each row says which). Reports tokens/s of both modes, their ratio, τ and per-position acceptance, what a
-round costs in units of one plain target step at the same batch (draft, schedule, the verify pass's forward,
-verification with its cache updates, bookkeeping), the profile, and checks the outputs are identical. Writes
+prompts twice, in mirrored order (``batching`` in each row says which). Reports tokens/s of both modes, their
+ratio, τ and per-position acceptance, what a round costs in units of one plain target step at the same batch (draft,
+schedule, the verify pass's forward, verification with its cache updates, bookkeeping), the profile, and checks
+the outputs are identical. Writes
 ``e2e_cpu.json`` (or ``_gpu``; ``--tag NAME`` appends ``_NAME``, to keep another drafter's or machine's run apart
 from the one the paper reads).
 
@@ -64,9 +65,10 @@ def _row(batch, batching, scheduler, sps, plain_runs, spec_runs, plain_s, step_s
     if fp32_runs:
         row["fp32_target_only_tokens_per_s"] = sum(r.new_tokens for r in fp32_runs) / sum(r.seconds for r in fp32_runs)
         row["speedup_over_fp32_target_only"] = row["speculative_tokens_per_s"] / row["fp32_target_only_tokens_per_s"]
-    print(f"batch {batch} ({batching}), {scheduler}: target-only {row['target_only_tokens_per_s']:.1f} tok/s, speculative "
-          f"{row['speculative_tokens_per_s']:.1f} tok/s, speedup {row['speedup']:.2f}x, tau {stats.tau:.2f}, "
-          f"identical {row['identical_outputs']}; a round costs {row['round_in_target_steps']:.2f} target steps "
+    print(f"batch {batch} ({batching}), {scheduler}: target-only {row['target_only_tokens_per_s']:.1f} tok/s, "
+          f"speculative {row['speculative_tokens_per_s']:.1f} tok/s, speedup {row['speedup']:.2f}x, "
+          f"tau {stats.tau:.2f}, identical {row['identical_outputs']}; "
+          f"a round costs {row['round_in_target_steps']:.2f} target steps "
           f"({', '.join(f'{k} {v:.2f}' for k, v in parts.items())})"
           + (f"; fp32 target-only {row['fp32_target_only_tokens_per_s']:.1f} tok/s" if fp32_runs else ""), flush=True)
     return row

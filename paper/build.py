@@ -1473,7 +1473,8 @@ def section_speed(out: list[str], figures: Path) -> None:
                 versus = (f"{num(r['fp32_target_only_tokens_per_s'], '.1f')} | "
                           f"{num(r['speedup_over_fp32_target_only'], '.2f')}× | "
                           if "fp32_target_only_tokens_per_s" in r else "– | – | ")
-            out.append(f"| {num(r['batch'], 'd')} | {r.get('batching', 'static')} | {r['few_row_layout']} | {lengths} | "
+            batching = r.get("batching", "static")
+            out.append(f"| {num(r['batch'], 'd')} | {batching} | {r['few_row_layout']} | {lengths} | "
                        f"{num(r['target_only_tokens_per_s'], '.1f')} | "
                        f"{num(r['speculative_tokens_per_s'], '.1f')} | {num(r['speedup'], '.2f')}× | {versus}"
                        f"{num(r['tau'])} | {num(r['round_in_target_steps'], '.2f')} | {num(parts['draft'], '.2f')} | "
