@@ -210,23 +210,7 @@ def test_requests_that_join_a_running_batch_keep_caches_equal_to_a_fresh_prefill
     while len(decoder.pending) > 1:
         decoder.step()
     assert len(decoder.active) == 2 and set(decoder.active.tolist()) != {0, 1}, "a later prompt must have joined"
-    for row, req in enumerate(decoder.active.tolist()):
-        committed = PROMPTS[req] + decoder.out[req][:-1]
-        anchor = decoder.out[req][-1]
-        fresh = target.model(input_ids=torch.tensor([committed + [anchor]])).logits[0, -1]
-        live = target.forward(_single(target, decoder.state, row), torch.tensor([[anchor]]),
-                              decoder.state.next_pos[row: row + 1, None], torch.ones(1, 1, dtype=torch.bool))
-        # fp32 attention over a cache padded and holed vs one without: same sums, different order.
-        assert_close(live.logits[0, -1], fresh, rtol=1e-4, atol=1e-4, name=f"target logits, request {req}")
-        step = target.forward(target.new_state(1), torch.tensor([committed]), torch.arange(len(committed))[None],
-                              torch.ones(1, len(committed), dtype=torch.bool))
-        fresh_cache = drafter.new_cache(1)
-        drafter.extend_cache(fresh_cache, step.taps, torch.tensor([len(committed)]))
-        assert int(decoder.cache.lengths[row]) == len(committed)
-        with torch.no_grad():
-            want = drafter.forward_cached(torch.tensor([anchor]), fresh_cache)
-            got = drafter.forward_cached(torch.tensor([anchor]), _single_cache(decoder.cache, row))
-        assert_close(got, want, rtol=1e-4, atol=1e-4, name=f"drafter hidden, request {req}")
+    _assert_caches_equal_a_fresh_prefill(target, drafter, decoder)
 
 
 @pytest.mark.parametrize("max_batch", [0, -1, 1.5, True, "2"])
@@ -248,17 +232,22 @@ def test_rollback_leaves_caches_equal_to_a_fresh_prefill():
         decoder.step()
     stats = decoder.stats
     assert stats.accepted > 0 and stats.accepted < int(stats.proposed.sum()), "need accepts and rejects"
+    _assert_caches_equal_a_fresh_prefill(target, drafter, decoder)
+
+
+def _assert_caches_equal_a_fresh_prefill(target, drafter, decoder) -> None:
+    """Each active request's target cache and drafter cache compute, for its anchor, what a fresh prefill of its
+    committed text computes."""
     for row, req in enumerate(decoder.active.tolist()):
         committed = PROMPTS[req] + decoder.out[req][:-1]
         anchor = decoder.out[req][-1]
         fresh = target.model(input_ids=torch.tensor([committed + [anchor]])).logits[0, -1]
-        # Feed the anchor through the live (rolled-back) cache of this request alone.
+        # Feed the anchor through the live (rolled-back, perhaps merged) cache of this request alone.
         live = target.forward(_single(target, decoder.state, row), torch.tensor([[anchor]]),
                               decoder.state.next_pos[row: row + 1, None], torch.ones(1, 1, dtype=torch.bool))
-        # fp32 attention over a cache with masked holes vs without: same sums, different order.
+        # fp32 attention over a cache with masked holes and padding vs without: same sums, different order.
         assert_close(live.logits[0, -1], fresh, rtol=1e-4, atol=1e-4, name=f"target logits, request {req}")
-        fresh_state = target.new_state(1)
-        step = target.forward(fresh_state, torch.tensor([committed]), torch.arange(len(committed))[None],
+        step = target.forward(target.new_state(1), torch.tensor([committed]), torch.arange(len(committed))[None],
                               torch.ones(1, len(committed), dtype=torch.bool))
         fresh_cache = drafter.new_cache(1)
         drafter.extend_cache(fresh_cache, step.taps, torch.tensor([len(committed)]))
