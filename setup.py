@@ -19,7 +19,8 @@ setup(
     python_requires=">=3.10",
     packages=["dspark", "dspark.reference", "dspark.kernels"],
     package_dir={"dspark": "dspark", "dspark.reference": "reference", "dspark.kernels": "kernels"},
-    # The trained DSpark drafter for the default target (16 MB, bf16, without the target's shared weights).
+    # The trained DSpark drafter for the default target (16 MB, bf16, without the target's shared weights), and the
+    # standard-library code prompts its training pools read (load_code_prompts).
     package_data={"dspark": ["assets/*.json.gz", "assets/*/*.json", "assets/*/*.safetensors"]},
     # CI installs torch==2.13.0 (a CPU build) first; any range it satisfies adds no download.
     install_requires=["torch>=2.4", "triton>=3.6", "einops>=0.8", "numpy>=1.26", "safetensors>=0.4", "tqdm>=4.60"],
