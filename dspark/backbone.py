@@ -102,7 +102,11 @@ class SwiGLU(nn.Module):
 
 
 class DraftLayer(nn.Module):
-    """Pre-norm decoder layer: ``x += Attn(norm(x), H_ctx); x += MLP(norm(x))``."""
+    """Pre-norm decoder layer: ``x += Attn(norm(x), H_ctx); x += MLP(norm(x))``.
+
+    ``dropout`` zeroes that fraction of each branch's outputs in training mode (and rescales the rest); it is
+    a training-time regulariser, so it is not part of the config and inference never applies it.
+    """
 
     def __init__(self, config: DSparkConfig):
         super().__init__()
@@ -111,9 +115,10 @@ class DraftLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = SwiGLU(config.hidden_size, config.intermediate_size)
 
-    def forward(self, x, block_pos, k_ctx, v_ctx, ctx_len, block_valid, backend="auto"):
-        x = x + self.self_attn(self.input_layernorm(x), block_pos, k_ctx, v_ctx, ctx_len, block_valid, backend)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, block_pos, k_ctx, v_ctx, ctx_len, block_valid, backend="auto", dropout: float = 0.0):
+        attended = self.self_attn(self.input_layernorm(x), block_pos, k_ctx, v_ctx, ctx_len, block_valid, backend)
+        x = x + F.dropout(attended, dropout, self.training)
+        return x + F.dropout(self.mlp(self.post_attention_layernorm(x)), dropout, self.training)
 
 
 @dataclass
@@ -226,6 +231,7 @@ class BlockBackbone(nn.Module):
         block_valid: torch.Tensor | None = None,
         *,
         backend: str = "auto",
+        dropout: float = 0.0,
     ) -> torch.Tensor:
         """Training layout: N blocks per sequence over a shared context (method.md §2.3).
 
@@ -235,10 +241,15 @@ class BlockBackbone(nn.Module):
             tap_features: ``[B, S, taps·H_t]`` target features of every position, at positions ``0..S−1``.
             block_valid: ``[B, N]`` bool, ``False`` for padding blocks: they attend to nothing, and their
                 outputs carry no information (the loss masks them out).
+            dropout: in training mode, the fraction of the fused context features and of each layer's
+                attention and MLP outputs zeroed (a regulariser against memorising the training sequences);
+                ignored in eval mode.
 
         Returns:
             ``h [B, N, γ, d]``: the final-normed hidden states (``lm_head(h)`` are the base logits).
         """
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must lie in [0, 1), got {dropout}")
         check_tensor("anchor_ids", anchor_ids, ndim=2, integer=True)
         batch, num_blocks = anchor_ids.shape
         check_tensor("anchor_pos", anchor_pos, shape=(batch, num_blocks), integer=True)
@@ -248,13 +259,13 @@ class BlockBackbone(nn.Module):
         if anchor_pos.numel() and (int(anchor_pos.min()) < 0 or int(anchor_pos.max()) > seq_len):
             raise ValueError(f"anchor_pos must lie in [0, {seq_len}] (the context length), got "
                              f"[{int(anchor_pos.min())}, {int(anchor_pos.max())}]")
-        ctx_hidden = self.fuse_context(tap_features)
+        ctx_hidden = F.dropout(self.fuse_context(tap_features), dropout, self.training)
         ctx_pos = torch.arange(seq_len, device=tap_features.device).expand(batch, seq_len)
         block_pos = anchor_pos[..., None] + torch.arange(self.config.block_size, device=anchor_pos.device)
         x = self.embed_tokens(self.block_ids(anchor_ids)).to(ctx_hidden.dtype)
         for layer in self.layers:
             k_ctx, v_ctx = layer.self_attn.context_kv(ctx_hidden, ctx_pos)
-            x = layer(x, block_pos, k_ctx, v_ctx, anchor_pos, block_valid, backend)
+            x = layer(x, block_pos, k_ctx, v_ctx, anchor_pos, block_valid, backend, dropout)
         return self.norm(x)
 
     def new_cache(self, batch_size: int, capacity: int = 64, *, device=None, dtype=None) -> ContextCache:

@@ -102,11 +102,12 @@ class DSparkDrafter(BlockBackbone):
         block_valid: torch.Tensor | None = None,
         *,
         backend: str = "auto",
+        dropout: float = 0.0,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """Teacher-forced hidden states, Markov features and confidence logits of many blocks (method.md §4.3).
 
         Args:
-            anchor_ids, anchor_pos, tap_features, block_valid: as :meth:`BlockBackbone.forward`.
+            anchor_ids, anchor_pos, tap_features, block_valid, dropout: as :meth:`BlockBackbone.forward`.
             next_ids: ``[B, N, γ−1]`` the ground-truth tokens ``x_1 … x_{γ−1}`` after each anchor, which
                 become the previous tokens of slots 2…γ.
 
@@ -116,7 +117,7 @@ class DSparkDrafter(BlockBackbone):
         """
         gamma = self.config.block_size
         check_tensor("next_ids", next_ids, shape=(*anchor_ids.shape, gamma - 1), integer=True)
-        hidden = self(anchor_ids, anchor_pos, tap_features, block_valid, backend=backend)
+        hidden = self(anchor_ids, anchor_pos, tap_features, block_valid, backend=backend, dropout=dropout)
         prev_ids = torch.cat([anchor_ids[..., None], next_ids], -1)
         features = self.markov_head.features(prev_ids, hidden) if self.config.has_markov else None
         confidence_logits = None

@@ -19,6 +19,7 @@ sequence, and whether the run was resumed, never changes the anchors.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import datetime
 import functools
@@ -277,6 +278,10 @@ class TrainConfig:
     sampling rewards; greedy verification rewards only the argmax, which cross-entropy trains directly.
     The confidence head's BCE stays at weight 1 either way: its label, ``1 − L1/2``, needs no L1 gradient.
 
+    ``dropout``: the fraction of the backbone's fused context and of its layers' attention and MLP outputs
+    zeroed in training steps (:meth:`dspark.backbone.BlockBackbone.forward`), a regulariser for drafters that
+    see the same sequences many times; evaluation never drops. Not for ``eagle3``.
+
     ``step_offset``: the steps a drafter took before this run, when the run continues it. Its data order and
     anchors pick up after them (no step repeats an earlier one's blocks) and the steps it reports count from
     there; the learning-rate schedule (warm-up, then cosine over ``steps``) starts over.
@@ -304,6 +309,7 @@ class TrainConfig:
     precision: str = "auto"
     ce_weight: float | None = None
     l1_weight: float | None = None
+    dropout: float = 0.0
     step_offset: int = 0
 
     def __post_init__(self):
@@ -320,6 +326,10 @@ class TrainConfig:
             raise ValueError("steps, sequences_per_step and num_anchors must be positive")
         if self.step_offset < 0:
             raise ValueError(f"step_offset must be >= 0, got {self.step_offset}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must lie in [0, 1), got {self.dropout}")
+        if self.dropout and self.objective == "eagle3":
+            raise ValueError("dropout applies to the dspark and dflash objectives, not 'eagle3'")
         if self.precision not in ("auto", "fp32", "bf16"):
             raise ValueError(f"precision must be 'auto', 'fp32' or 'bf16', got {self.precision!r}")
 
@@ -445,7 +455,7 @@ class Trainer:
         with self._autocast():
             hidden, features, conf = self.drafter.training_outputs(
                 blocks.anchor_ids[None], blocks.anchor_pos[None], blocks.taps[None], blocks.next_ids[None],
-                blocks.block_valid[None])
+                blocks.block_valid[None], dropout=self.config.dropout)
         d = hidden.shape[-1]
         w2 = self.drafter.markov_head.markov_w2.weight if features is not None else None
         lm_head, target_hidden = self._loss_head() if lm_head is None else lm_head, blocks.target_hidden
@@ -476,6 +486,20 @@ class Trainer:
     def _generator(self, step: int, index: int) -> torch.Generator:
         return torch.Generator().manual_seed((self.config.seed * 1_000_003 + (step + 1) * 65_537 + index) % 2**63)
 
+    @contextlib.contextmanager
+    def _dropout_masks(self, step: int):
+        """Dropout draws its masks from the global generator: within a step it is seeded from the step (and
+        rank), in a fork, so a resumed run draws the masks an uninterrupted one would and nothing else sees
+        the draws."""
+        if not self.config.dropout:
+            yield
+            return
+        devices = [self.device.index or 0] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed((self.config.seed * 1_000_003 + (step + 1) * 65_537 + 7_919 * self._world()[0])
+                              % 2**63)
+            yield
+
     def _chain_anchors(self, step: int, index: int, sample: Sample) -> torch.Tensor:
         """eagle3 chain anchors: the DSpark block anchors of this step, less position 0 (no feature before it)."""
         anchor_pos, valid = sample_anchors(sample.loss_mask, self.config.num_anchors, self._generator(step, index))
@@ -505,10 +529,11 @@ class Trainer:
             normalizer = self._all_reduce(torch.tensor(float(sum(float(b.weights.sum()) for b in blocks)),
                                                        dtype=torch.float64))
             head = self._loss_head()  # cast once per step: the cast saves nothing, so every backward can pass it
-            for b in blocks:
-                out = self._loss(b, normalizer, head)
-                out.loss.backward()
-                totals += torch.tensor([float(out.ce), float(out.l1), float(out.bce)], dtype=torch.float64)
+            with self._dropout_masks(step):
+                for b in blocks:
+                    out = self._loss(b, normalizer, head)
+                    out.loss.backward()
+                    totals += torch.tensor([float(out.ce), float(out.l1), float(out.bce)], dtype=torch.float64)
         params = [p for p in self.drafter.parameters() if p.requires_grad]
         for p in params:
             if p.grad is None:  # a rank with no sequence this step still joins the reduction
@@ -786,6 +811,7 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
                           sequences_per_step: int = 4, draft_vocab_size: int | None = 16384, lr: float = 1e-3,
                           precision: str = "auto", held_out: int = 48, eval_every: int = 200,
                           seed: int = 0, ce_weight: float | None = None, l1_weight: float | None = None,
+                          dropout: float = 0.0,
                           answers: str | os.PathLike | None = None, code_prompts: int = 0, math_prompts: int = 0,
                           code_answers: str | os.PathLike | None = None,
                           math_answers: str | os.PathLike | None = None, math2_prompts: int = 0,
@@ -833,6 +859,9 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     ``ce_weight`` and ``l1_weight`` (dspark objective only) replace its 0.1·CE + 0.9·L1 mix (see
     :class:`TrainConfig`); a run with either set checkpoints apart from the recipe's.
 
+    ``dropout`` (dspark and dflash objectives) drops that fraction of the backbone's fused context and layer
+    outputs in training steps (:attr:`TrainConfig.dropout`); a run with it checkpoints apart too.
+
     ``seed`` sets the drafter's initial weights and the anchors each step samples; the data and its order do
     not depend on it, so runs that differ only in ``seed`` measure the spread that training noise alone gives.
 
@@ -860,7 +889,8 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     t0 = time.perf_counter()
     if precision not in ("auto", "fp32", "bf16"):
         raise ValueError(f"precision must be 'auto', 'fp32' or 'bf16', got {precision!r}")
-    TrainConfig(objective=objective, ce_weight=ce_weight, l1_weight=l1_weight)  # refuse bad weights up front
+    # Refuse bad weights or dropout before the corpus phase, which may take hours.
+    TrainConfig(objective=objective, ce_weight=ce_weight, l1_weight=l1_weight, dropout=dropout)
     counts = {"code": code_prompts, "math": math_prompts, "math2": math2_prompts, "math3": math3_prompts,
               "code2": code2_prompts}
     archives = {"code": code_answers, "math": math_answers, "math2": math2_answers, "math3": math3_answers,
@@ -944,13 +974,13 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     train_config = TrainConfig(steps=steps, objective=objective, num_anchors=num_anchors, lr=lr,
                                sequences_per_step=sequences_per_step, eval_every=eval_every,
                                checkpoint_every=eval_every, precision=resolved, seed=seed,
-                               ce_weight=ce_weight, l1_weight=l1_weight,
+                               ce_weight=ce_weight, l1_weight=l1_weight, dropout=dropout,
                                step_offset=0 if parent is None else parent["steps"])
     trainer = Trainer(drafter, target.lm_head_weight(), source, train, train_config, held_out=evaluation)
     name = f"checkpoint-{objective}-layers{num_draft_layers}-block{block_size}-steps{steps}-" \
            f"vocab{vocab_size or 'full'}-{len(samples)}seq-{resolved}" + (f"-seed{seed}" if seed else "") + \
-           loss_weights_suffix(ce_weight, l1_weight) + "".join(f"-{what}{count}" for what, count in counts.items()
-                                                               if count)
+           loss_weights_suffix(ce_weight, l1_weight) + (f"-dropout{dropout:g}" if dropout else "") + \
+           "".join(f"-{what}{count}" for what, count in counts.items() if count)
     if parent is not None:
         trainer.answer_tokens_seen = parent["final"].get("answer_tokens_seen", 0)
         name += f"-after{parent['steps']}-{parent['digest']}"
@@ -966,6 +996,7 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
                  "block_size": block_size, "num_anchors": num_anchors, "sequences_per_step": sequences_per_step,
                  "draft_vocab_size": draft_vocab_size, "lr": lr, "precision": precision, "held_out": held_out,
                  "eval_every": eval_every, "seed": seed, "ce_weight": ce_weight, "l1_weight": l1_weight,
+                 "dropout": dropout,
                  "calibrate": calibrate,
                  "answers": None if answers is None else Path(answers).name, "code_prompts": code_prompts,
                  "math_prompts": math_prompts, "math2_prompts": math2_prompts, "math3_prompts": math3_prompts,

@@ -44,15 +44,16 @@ def test_block_targets_follow_the_sample_from_anchor_layout():
     assert target_index[0].tolist() == [2, 3, 4, 5]  # p_t of slot k is the target's output at a + k
 
 
-@pytest.mark.parametrize("objective", ["dspark", "eagle3"])
-def test_resume_continues_bit_for_bit(tmp_path, objective):
-    straight, _ = tiny_trainer(steps=4, objective=objective)
+@pytest.mark.parametrize("objective, dropout", [("dspark", 0.0), ("eagle3", 0.0), ("dspark", 0.3)])
+def test_resume_continues_bit_for_bit(tmp_path, objective, dropout):
+    straight, _ = tiny_trainer(steps=4, objective=objective, dropout=dropout)
     straight.fit(progress=False)
-    first, target = tiny_trainer(steps=4, objective=objective)
+    first, target = tiny_trainer(steps=4, objective=objective, dropout=dropout)
     for _ in range(2):
         first.train_step()
     first.save(tmp_path / "ckpt")
-    second, _ = tiny_trainer(steps=4, objective=objective)
+    torch.manual_seed(1234)  # the masks of the steps after resuming must not depend on the global generator
+    second, _ = tiny_trainer(steps=4, objective=objective, dropout=dropout)
     second.resume(tmp_path / "ckpt", target)
     assert second.step == 2
     second.fit(progress=False)
@@ -120,6 +121,29 @@ def test_dspark_objective_with_cross_entropy_alone_keeps_the_markov_and_confiden
     (dict(l1_weight=float("nan")), "finite"),
 ])
 def test_bad_loss_weights_are_refused(settings, match):
+    with pytest.raises(ValueError, match=match):
+        TrainConfig(**settings)
+
+
+def test_dropout_changes_training_steps_only_and_leaves_the_global_generator_alone():
+    plain, _ = tiny_trainer(steps=3)
+    dropped, _ = tiny_trainer(steps=3, dropout=0.3)
+    assert dropped.evaluate() == plain.evaluate()  # the same initial weights: evaluation never drops
+    state = torch.random.get_rng_state()
+    plain_row, dropped_row = plain.train_step(), dropped.train_step()
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert dropped_row["loss"] != plain_row["loss"]
+    for (name, a), b in zip(plain.drafter.state_dict().items(), dropped.drafter.state_dict().values()):
+        if name.startswith("layers."):
+            assert not torch.equal(a, b), f"{name}: a step with dropout should move the layers otherwise"
+
+
+@pytest.mark.parametrize("settings, match", [
+    (dict(dropout=1.0), r"dropout must lie in \[0, 1\)"),
+    (dict(dropout=-0.1), r"dropout must lie in \[0, 1\)"),
+    (dict(objective="eagle3", dropout=0.1), "not 'eagle3'"),
+])
+def test_bad_dropout_is_refused(settings, match):
     with pytest.raises(ValueError, match=match):
         TrainConfig(**settings)
 

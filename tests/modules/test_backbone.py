@@ -106,6 +106,24 @@ def test_padding_block_changes_nothing_in_valid_blocks():
     assert torch.equal(a[valid], b[valid])
 
 
+def test_dropout_acts_in_training_mode_only():
+    """Eval mode ignores ``dropout``; training mode with 0 equals eval mode; with p > 0 it drops, and the drops
+    come from the global generator (same seed, same output)."""
+    model, config = make_backbone(4)
+    features, anchor_ids, anchor_pos = feature_inputs(config, 2, 7, 3, 4)
+    with torch.no_grad():
+        model.eval()
+        plain = model(anchor_ids, anchor_pos, features)
+        assert torch.equal(model(anchor_ids, anchor_pos, features, dropout=0.5), plain)
+        model.train()
+        assert torch.equal(model(anchor_ids, anchor_pos, features), plain)
+        torch.manual_seed(1)
+        dropped = model(anchor_ids, anchor_pos, features, dropout=0.5)
+        torch.manual_seed(1)
+        assert torch.equal(model(anchor_ids, anchor_pos, features, dropout=0.5), dropped)
+    assert not torch.allclose(dropped, plain)
+
+
 def test_float32_forward_close_to_float64_reference():
     model64, config = make_backbone(7)
     model32 = BlockBackbone(config)
@@ -168,6 +186,8 @@ def test_drafter_training_logits_align_with_inference_draft(draft_vocab_size):
         (lambda m, f: m(torch.zeros(1, 2, dtype=torch.long), torch.zeros(1, 2, dtype=torch.long), f[..., :-1]),
          "taps"),
         (lambda m, f: m.extend_cache(m.new_cache(1), f.float(), torch.tensor([7])), "num_new"),
+        (lambda m, f: m(torch.zeros(1, 2, dtype=torch.long), torch.zeros(1, 2, dtype=torch.long), f, dropout=1.0),
+         "dropout"),
     ],
 )
 def test_bad_backbone_input_raises(call, message):
