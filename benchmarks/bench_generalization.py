@@ -1,0 +1,113 @@
+"""How much better a trained drafter predicts the sequences it trained on than held-out ones.
+
+Training's held-out evaluation (τ_prob, CE and L1 at fixed anchors, as :meth:`dspark.training.Trainer.evaluate`)
+is run on three groups of the recipe's ShareGPT corpus: the held-out sequences (the last of its order, which
+training evaluates on), ``--samples`` training sequences spread evenly over the rest, and the first ``--samples``
+of each extra prompt pool the drafter trained on (all of which train). A large gap between the first two means
+the drafter memorises its data, which more data or regularisation (the recipe's ``dropout``) addresses; no gap
+would mean it is too small to fit even what it saw.
+
+The corpora are read from the recipe's cache: run the recipe's config first (``python -m dspark train --config
+benchmarks/recipes/<pass>.json``), which answers or rebuilds them. Writes ``generalization_cpu.json``.
+
+    python benchmarks/bench_generalization.py [DRAFTER_DIR ...] [--samples 48] [--out benchmarks/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.environment import write_result  # noqa: E402
+from dspark.checkpoint import load_drafter, read_checkpoint_config, shipped_drafter_dir  # noqa: E402
+from dspark.corpus import corpus_order, load_corpus, sample_path  # noqa: E402
+from dspark.data import load_training_prompts  # noqa: E402
+from dspark.target import cache_root, load_default_target  # noqa: E402
+from dspark.training import (  # noqa: E402
+    OfflineFeatures,
+    TrainConfig,
+    Trainer,
+    code2_corpus_dir,
+    code_corpus_dir,
+    math2_corpus_dir,
+    math3_corpus_dir,
+    math_corpus_dir,
+    recipe_corpus_dir,
+)
+
+POOLS = {"code": code_corpus_dir, "math": math_corpus_dir, "math2": math2_corpus_dir, "math3": math3_corpus_dir,
+         "code2": code2_corpus_dir}
+
+
+def spread(keys: list[int], count: int) -> list[int]:
+    """``count`` of ``keys`` spread evenly over them, the first and the last included (all when fewer)."""
+    if count >= len(keys):
+        return list(keys)
+    if count == 1:
+        return [keys[0]]
+    return [keys[round(i * (len(keys) - 1) / (count - 1))] for i in range(count)]
+
+
+def evaluate(target, drafter, directory: Path, samples, precision: str) -> dict:
+    """Training's evaluation of ``drafter`` on ``samples`` of the corpus at ``directory``."""
+    source = OfflineFeatures(directory, target.tap_layers, target.hidden_size)
+    config = TrainConfig(num_anchors=48, precision=precision, objective="dspark")
+    result = Trainer(drafter, target.lm_head_weight(), source, samples, config, held_out=samples).evaluate()
+    return {"sequences": len(samples), "tau_prob": result["eval_tau_prob"], "ce": result["eval_ce"],
+            "l1": result["eval_l1"], "slot1_accuracy": result["eval_accuracy"][0]}
+
+
+def measure(target, directory: Path, count: int) -> dict:
+    meta = read_checkpoint_config(directory).get("metadata", {})
+    run = meta.get("run", {})
+    arguments = run.get("arguments")
+    if not arguments or arguments.get("objective") != "dspark":
+        raise SystemExit(f"{directory}: not a DSpark drafter the recipe trained (no training record)")
+    precision = run["train_config"]["precision"]
+    corpus = recipe_corpus_dir(cache_root() / "training", precision, arguments["max_new_tokens"],
+                               arguments["num_prompts"])
+    order = corpus_order(len(load_training_prompts(arguments["num_prompts"])))[: arguments["corpus_samples"]]
+    held_out = arguments["held_out"]
+    missing = [k for k in order if not sample_path(corpus, k).exists()]
+    if missing:
+        raise SystemExit(f"{corpus} lacks {len(missing)} of the drafter's {len(order)} ShareGPT samples: run the "
+                         "recipe's config first, which rebuilds them")
+    drafter = load_drafter(directory, target)
+    row = {"drafter": directory.name, "steps": meta.get("steps"),
+           "held_out": evaluate(target, drafter, corpus, load_corpus(corpus, order[-held_out:]), precision),
+           "train": evaluate(target, drafter, corpus, load_corpus(corpus, spread(order[:-held_out], count)), precision)}
+    for name, pool_dir in POOLS.items():
+        if arguments.get(f"{name}_prompts"):
+            keys = corpus_order(arguments[f"{name}_prompts"])[:count]
+            row[f"{name}_train"] = evaluate(target, drafter, pool_dir(corpus), load_corpus(pool_dir(corpus), keys),
+                                            precision)
+    return row
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("drafters", nargs="*", type=Path, help="drafter directories (default: the shipped one)")
+    parser.add_argument("--samples", type=int, default=48, help="training sequences per group")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    if args.samples < 1:
+        raise SystemExit("--samples must be positive")
+    target = load_default_target()
+    rows = []
+    for directory in args.drafters or [shipped_drafter_dir()]:
+        rows.append(measure(target, directory, args.samples))
+        groups = {k: v for k, v in rows[-1].items() if isinstance(v, dict)}
+        print(f"{directory.name}: " + ", ".join(f"{k} tau_prob {v['tau_prob']:.3f} (CE {v['ce']:.2f})"
+                                                for k, v in groups.items()))
+    payload = {"samples": args.samples, "rows": rows,
+               "note": "training's evaluation (fixed anchors, 48 per sequence) on held-out ShareGPT sequences, on "
+                       "ShareGPT training sequences spread over the split, and on the first of each extra pool"}
+    print(write_result("generalization_cpu", payload, args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

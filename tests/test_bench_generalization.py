@@ -1,0 +1,20 @@
+"""bench_generalization picks training sequences evenly and measures only drafters the recipe trained."""
+
+import pytest
+
+from benchmarks.bench_generalization import measure, spread
+from benchmarks.trained import COMMITTED
+
+
+def test_training_sequences_are_spread_over_the_split_ends_included():
+    keys = list(range(100, 200))
+    picked = spread(keys, 5)
+    assert picked == [100, 125, 150, 174, 199]  # round(3 · 99 / 4) = 74
+    assert len(set(spread(keys, 48))) == 48 and set(spread(keys, 48)) <= set(keys)
+    assert spread(keys, 1) == [100]
+    assert spread([3, 1, 2], 8) == [3, 1, 2]
+
+
+def test_a_drafter_of_another_objective_is_refused_before_anything_loads():
+    with pytest.raises(SystemExit, match="not a DSpark drafter"):
+        measure(None, COMMITTED / "smollm2-135m-instruct-eagle3", 4)
