@@ -1,7 +1,7 @@
 """How much better a trained drafter predicts the sequences it trained on than held-out ones.
 
 Training's held-out evaluation (τ_prob, CE and L1 at fixed anchors, as :meth:`dspark.training.Trainer.evaluate`)
-is run on three groups of the recipe's ShareGPT corpus: the held-out sequences (the last of its order, which
+is run on the recipe's ShareGPT corpus and pools: the held-out sequences (the highest prompt indices, which
 training evaluates on), ``--samples`` training sequences spread evenly over the rest, and the first ``--samples``
 of each extra prompt pool the drafter trained on (all of which train). A large gap between the first two means
 the drafter memorises its data, which more data or regularisation (the recipe's ``dropout``) addresses; no gap
@@ -42,13 +42,13 @@ POOLS = {"code": code_corpus_dir, "math": math_corpus_dir, "math2": math2_corpus
          "code2": code2_corpus_dir}
 
 
-def spread(keys: list[int], count: int) -> list[int]:
-    """``count`` of ``keys`` spread evenly over them, the first and the last included (all when fewer)."""
-    if count >= len(keys):
-        return list(keys)
+def spread(items: list, count: int) -> list:
+    """``count`` of ``items`` spread evenly over them, the first and the last included (all when fewer)."""
+    if count >= len(items):
+        return list(items)
     if count == 1:
-        return [keys[0]]
-    return [keys[round(i * (len(keys) - 1) / (count - 1))] for i in range(count)]
+        return [items[0]]
+    return [items[round(i * (len(items) - 1) / (count - 1))] for i in range(count)]
 
 
 def evaluate(target, drafter, directory: Path, samples, precision: str) -> dict:
@@ -75,10 +75,13 @@ def measure(target, directory: Path, count: int) -> dict:
     if missing:
         raise SystemExit(f"{corpus} lacks {len(missing)} of the drafter's {len(order)} ShareGPT samples: run the "
                          "recipe's config first, which rebuilds them")
+    # The recipe holds out the highest prompt indices (load_corpus returns samples by index).
+    samples = load_corpus(corpus, order)
     drafter = load_drafter(directory, target)
-    row = {"drafter": directory.name, "steps": meta.get("steps"),
-           "held_out": evaluate(target, drafter, corpus, load_corpus(corpus, order[-held_out:]), precision),
-           "train": evaluate(target, drafter, corpus, load_corpus(corpus, spread(order[:-held_out], count)), precision)}
+    row = {"drafter": directory.name, "steps": meta.get("steps"), "dropout": arguments.get("dropout", 0.0),
+           "held_out": evaluate(target, drafter, corpus, samples[-held_out:], precision),
+           "train": evaluate(target, drafter, corpus, spread(samples[:-held_out], count), precision),
+           "recorded_held_out_tau_prob": meta.get("final", {}).get("eval_tau_prob")}
     for name, pool_dir in POOLS.items():
         if arguments.get(f"{name}_prompts"):
             keys = corpus_order(arguments[f"{name}_prompts"])[:count]

@@ -109,6 +109,7 @@ SOURCES = {
     "sps_cpu_xeon": ["dspark/target.py", "dspark/linear.py", "dspark/invariant.py", "dspark/scheduler.py",
                      "benchmarks/bench_sps.py"],
     "sps_cuda": ["dspark/target.py", "dspark/scheduler.py", "benchmarks/bench_sps.py"],
+    "generalization_cpu": TRAINING + ["benchmarks/bench_generalization.py"],
     "e2e_cpu": LIBRARY + ["benchmarks/bench_e2e.py"],
     "kernels_cpu": LIBRARY + ["benchmarks/bench_kernels.py"],
     "kernels_gpu": LIBRARY + ["benchmarks/bench_kernels.py"],
@@ -1745,6 +1746,37 @@ def _doublings_to(last: dict, goal: float, per_doubling: float, seconds: float |
             f"more doublings, some {num(tokens / 1e6, '.0f')} M answer tokens seen{pace}.")
 
 
+def generalization_bullet(result: dict) -> str:
+    """§7's bullet on how much better the drafters predict their training sequences than held-out ones."""
+    def scores(row: dict) -> str:
+        held, train = row["held_out"], row["train"]
+        pools = [f"{num(row[f'{pool}_train']['tau_prob'])} on {POOLS[pool]}" for pool in POOLS
+                 if f"{pool}_train" in row]
+        return (f"τ_prob {num(train['tau_prob'])} on ShareGPT training sequences against {num(held['tau_prob'])} on "
+                f"held-out ones (CE {num(train['ce'], '.2f')} against {num(held['ce'], '.2f')})"
+                + (f", and {listing(pools)} it trained on" if pools else ""))
+
+    first, *others = result["rows"]
+    text = (f"- **The drafter fits what it saw far better than what it did not.** With training's own evaluation "
+            f"(`benchmarks/bench_generalization.py`: {num(result['samples'], 'd')} sequences a group, fixed "
+            f"anchors), the {num(first['steps'], 'd')}-step DSpark drafter scores {scores(first)}. It has "
+            "capacity to spare for its data, which it has seen many times over: more distinct data is what "
+            "should raise acceptance, not a larger drafter.")
+    for row in others:
+        how = f" with dropout {num(row['dropout'], 'g')}" if row.get("dropout") else ""
+        text += f" At {num(row['steps'], 'd')} steps{how}: {scores(row)}."
+    for row in others:
+        if row.get("dropout") and row["steps"] > first["steps"]:
+            gap, gap_then = (r["train"]["tau_prob"] - r["held_out"]["tau_prob"] for r in (row, first))
+            if row["held_out"]["tau_prob"] > first["held_out"]["tau_prob"] and gap < gap_then:
+                verdict = "narrowed the gap and raised held-out τ_prob"
+            else:
+                verdict = "neither narrowed the gap nor raised held-out τ_prob, so that drafter was not shipped"
+            text += (f" Dropout {num(row['dropout'], 'g')} over {num(row['steps'] - first['steps'], 'd')} more "
+                     f"steps (a τ_prob gap of {num(gap)} against {num(gap_then)}) {verdict}.")
+    return text
+
+
 def section_limits(out: list[str]) -> None:
     out.append("## 7. Limits: what did not reproduce, and why we think so\n")
     acceptance, recipe, e2e = load("acceptance_cpu"), load("training_recipe"), load("e2e_cpu")
@@ -1791,6 +1823,9 @@ def section_limits(out: list[str]) -> None:
                    f"drafters have five layers and see {quote(1.3)} M samples {quote(10, 'd')} times. This recipe "
                    "already took the paper's largest step, from one draft layer to two; the levers left are more "
                    "layers and much longer training, which a GPU makes cheap.")
+    general = load("generalization_cpu")
+    if general is not None:
+        out.append(generalization_bullet(general))
     if e2e is not None:
         def e2e_row(batch: int, scheduler: str, batching: str = "static") -> dict | None:
             return next((r for r in e2e["rows"] if r["batch"] == batch and r["scheduler"] == scheduler
