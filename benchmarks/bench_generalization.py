@@ -51,6 +51,14 @@ def spread(items: list, count: int) -> list:
     return [items[round(i * (len(items) - 1) / (count - 1))] for i in range(count)]
 
 
+def last_run_curve(meta: dict) -> list[dict]:
+    """The held-out τ_prob that training recorded over the drafter's last run (from its parent's last step when it
+    continued one)."""
+    parent = meta.get("run", {}).get("parent")
+    start = parent["steps"] if parent else 0
+    return [{"step": c["step"], "tau_prob": c["eval_tau_prob"]} for c in meta.get("curve", []) if c["step"] >= start]
+
+
 def evaluate(target, drafter, directory: Path, samples, precision: str) -> dict:
     """Training's evaluation of ``drafter`` on ``samples`` of the corpus at ``directory``."""
     source = OfflineFeatures(directory, target.tap_layers, target.hidden_size)
@@ -81,7 +89,8 @@ def measure(target, directory: Path, count: int) -> dict:
     row = {"drafter": directory.name, "steps": meta.get("steps"), "dropout": arguments.get("dropout", 0.0),
            "held_out": evaluate(target, drafter, corpus, samples[-held_out:], precision),
            "train": evaluate(target, drafter, corpus, spread(samples[:-held_out], count), precision),
-           "recorded_held_out_tau_prob": meta.get("final", {}).get("eval_tau_prob")}
+           "recorded_held_out_tau_prob": meta.get("final", {}).get("eval_tau_prob"),
+           "last_run_curve": last_run_curve(meta)}
     for name, pool_dir in POOLS.items():
         if arguments.get(f"{name}_prompts"):
             keys = corpus_order(arguments[f"{name}_prompts"])[:count]

@@ -1774,6 +1774,15 @@ def generalization_bullet(result: dict) -> str:
                 verdict = "neither narrowed the gap nor raised held-out τ_prob, so that drafter was not shipped"
             text += (f" Dropout {num(row['dropout'], 'g')} over {num(row['steps'] - first['steps'], 'd')} more "
                      f"steps (a τ_prob gap of {num(gap)} against {num(gap_then)}) {verdict}.")
+            if row.get("last_run_curve") and first.get("last_run_curve"):
+                def path(curve: list[dict]) -> str:
+                    low = min(curve, key=lambda c: c["tau_prob"])
+                    return (f"from {num(curve[0]['tau_prob'])} through {num(low['tau_prob'])} at step "
+                            f"{num(low['step'], 'd')} to {num(curve[-1]['tau_prob'])}")
+
+                text += (f" Over that run (its learning rate warmed up again) held-out τ_prob went "
+                         f"{path(row['last_run_curve'])}; over its parent's own last run, without dropout, it went "
+                         f"{path(first['last_run_curve'])}.")
     return text
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from benchmarks.bench_generalization import measure, spread
+from benchmarks.bench_generalization import last_run_curve, measure, spread
 from benchmarks.trained import COMMITTED
 
 
@@ -18,3 +18,10 @@ def test_training_sequences_are_spread_over_the_split_ends_included():
 def test_a_drafter_of_another_objective_is_refused_before_anything_loads():
     with pytest.raises(SystemExit, match="not a DSpark drafter"):
         measure(None, COMMITTED / "smollm2-135m-instruct-eagle3", 4)
+
+
+def test_the_last_run_curve_starts_at_the_parent_s_last_step():
+    curve = [{"step": s, "eval_tau_prob": 1 + s / 1000} for s in (0, 100, 200, 300)]
+    continued = {"curve": curve, "run": {"parent": {"steps": 200}}}
+    assert last_run_curve(continued) == [{"step": 200, "tau_prob": 1.2}, {"step": 300, "tau_prob": 1.3}]
+    assert [c["step"] for c in last_run_curve({"curve": curve, "run": {}})] == [0, 100, 200, 300]
