@@ -59,16 +59,19 @@ def last_run_curve(meta: dict) -> list[dict]:
     return [{"step": c["step"], "tau_prob": c["eval_tau_prob"]} for c in meta.get("curve", []) if c["step"] >= start]
 
 
-def evaluate(target, drafter, directory: Path, samples, precision: str) -> dict:
-    """Training's evaluation of ``drafter`` on ``samples`` of the corpus at ``directory``."""
+def evaluate(target, drafter, directory: Path, samples, arguments: dict, precision: str) -> dict:
+    """Training's evaluation of ``drafter`` on ``samples`` of the corpus at ``directory``, with the anchors per
+    sequence of its training ``arguments``."""
     source = OfflineFeatures(directory, target.tap_layers, target.hidden_size)
-    config = TrainConfig(num_anchors=48, precision=precision, objective="dspark")
+    config = TrainConfig(num_anchors=arguments["num_anchors"], precision=precision, objective="dspark")
     result = Trainer(drafter, target.lm_head_weight(), source, samples, config, held_out=samples).evaluate()
     return {"sequences": len(samples), "tau_prob": result["eval_tau_prob"], "ce": result["eval_ce"],
             "l1": result["eval_l1"], "slot1_accuracy": result["eval_accuracy"][0]}
 
 
 def measure(target, directory: Path, count: int) -> dict:
+    """The groups' scores for the drafter at ``directory``, which the recipe must have trained on corpora that are
+    in the cache."""
     meta = read_checkpoint_config(directory).get("metadata", {})
     run = meta.get("run", {})
     arguments = run.get("arguments")
@@ -87,15 +90,15 @@ def measure(target, directory: Path, count: int) -> dict:
     samples = load_corpus(corpus, order)
     drafter = load_drafter(directory, target)
     row = {"drafter": directory.name, "steps": meta.get("steps"), "dropout": arguments.get("dropout", 0.0),
-           "held_out": evaluate(target, drafter, corpus, samples[-held_out:], precision),
-           "train": evaluate(target, drafter, corpus, spread(samples[:-held_out], count), precision),
+           "held_out": evaluate(target, drafter, corpus, samples[-held_out:], arguments, precision),
+           "train": evaluate(target, drafter, corpus, spread(samples[:-held_out], count), arguments, precision),
            "recorded_held_out_tau_prob": meta.get("final", {}).get("eval_tau_prob"),
            "last_run_curve": last_run_curve(meta)}
     for name, pool_dir in POOLS.items():
         if arguments.get(f"{name}_prompts"):
             keys = corpus_order(arguments[f"{name}_prompts"])[:count]
             row[f"{name}_train"] = evaluate(target, drafter, pool_dir(corpus), load_corpus(pool_dir(corpus), keys),
-                                            precision)
+                                            arguments, precision)
     return row
 
 
@@ -115,8 +118,9 @@ def main(argv=None) -> int:
         print(f"{directory.name}: " + ", ".join(f"{k} tau_prob {v['tau_prob']:.3f} (CE {v['ce']:.2f})"
                                                 for k, v in groups.items()))
     payload = {"samples": args.samples, "rows": rows,
-               "note": "training's evaluation (fixed anchors, 48 per sequence) on held-out ShareGPT sequences, on "
-                       "ShareGPT training sequences spread over the split, and on the first of each extra pool"}
+               "note": "training's evaluation (fixed anchors, as many per sequence as training took) on held-out "
+                       "ShareGPT sequences, on ShareGPT training sequences spread over the split, and on the first "
+                       "of each extra pool"}
     print(write_result("generalization_cpu", payload, args.out))
     return 0
 
