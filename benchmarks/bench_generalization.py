@@ -36,10 +36,14 @@ from dspark.training import (  # noqa: E402
     math3_corpus_dir,
     math_corpus_dir,
     recipe_corpus_dir,
+    sampled_corpus_dir,
 )
 
-POOLS = {"code": code_corpus_dir, "math": math_corpus_dir, "math2": math2_corpus_dir, "math3": math3_corpus_dir,
-         "code2": code2_corpus_dir}
+# Each extra pool's corpus, from the ShareGPT corpus's directory and the drafter's training arguments.
+POOLS = {"code": lambda d, _: code_corpus_dir(d), "math": lambda d, _: math_corpus_dir(d),
+         "math2": lambda d, _: math2_corpus_dir(d), "math3": lambda d, _: math3_corpus_dir(d),
+         "code2": lambda d, _: code2_corpus_dir(d),
+         "sampled": lambda d, arguments: sampled_corpus_dir(d, arguments["sampled_temperature"])}
 
 
 def spread(items: list, count: int) -> list:
@@ -97,8 +101,9 @@ def measure(target, directory: Path, count: int) -> dict:
     for name, pool_dir in POOLS.items():
         if arguments.get(f"{name}_prompts"):
             keys = corpus_order(arguments[f"{name}_prompts"])[:count]
-            row[f"{name}_train"] = evaluate(target, drafter, pool_dir(corpus), load_corpus(pool_dir(corpus), keys),
-                                            arguments, precision)
+            directory = pool_dir(corpus, arguments)
+            row[f"{name}_train"] = evaluate(target, drafter, directory, load_corpus(directory, keys), arguments,
+                                            precision)
     return row
 
 

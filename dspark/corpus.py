@@ -2,8 +2,15 @@
 
 Drafters learn to predict what the target would say (on-policy data, paper/method.md §3), from the
 target's hidden states at the same positions. Both come out of one pass: while the target answers a batch
-of prompts greedily with its KV cache, the taps and final-normed hidden state of every token it reads are
-kept, so no second forward over the answers is needed.
+of prompts with its KV cache, the taps and final-normed hidden state of every token it reads are kept, so
+no second forward over the answers is needed.
+
+* Answers are greedy by default. With ``temperature > 0`` they are sampled from the target's distribution at
+  that temperature (Gumbel-max), each prompt from its own generator seeded by the corpus seed and the prompt's
+  index, so a sample does not depend on which batch it was answered in and a resumed corpus draws what an
+  uninterrupted one would (exactly in fp32; in bf16 a batch's shape changes the rounding, which can tip a
+  near-tie, as it can a greedy answer's). Sampled answers give new training text for prompts whose greedy
+  answer is already in a corpus; their labels are still the target's distributions at every position.
 
 * Prompts are processed in rounds of ``round_size`` (shuffled, so an interrupted corpus is a fair sample),
   each round sorted by prompt length and cut into batches of ``batch_size``: similar lengths share a batch
@@ -66,8 +73,10 @@ def _write_sample(directory: Path, index: int, token_ids: list[int], prompt_len:
 
 @torch.no_grad()
 def answer_batch(target, prompts: list[list[int]], *, max_new_tokens: int, min_active_fraction: float = 0.25,
+                 temperature: float = 0.0, seeds: list[int] | None = None,
                  on_step=None) -> list[tuple[list[int], torch.Tensor, torch.Tensor]]:
-    """Greedy answers of one batch, with the features of every token read.
+    """Answers of one batch (greedy, or sampled at ``temperature`` with one seed per prompt in ``seeds``),
+    with the features of every token read.
 
     Returns, per prompt, ``(answer ids, taps [P + A, taps·H], hidden [P + A, H])`` where P is the prompt's
     length and A the answer's. ``on_step(active)`` is called after every decode step with the number of
@@ -76,11 +85,26 @@ def answer_batch(target, prompts: list[list[int]], *, max_new_tokens: int, min_a
     from dspark.decoding import prefill
 
     num = len(prompts)
+    if not temperature >= 0:
+        raise ValueError(f"temperature must be 0 (greedy) or more, got {temperature}")
+    if temperature > 0 and (seeds is None or len(seeds) != num):
+        raise ValueError("sampling (temperature > 0) needs one seed per prompt")
+    generators = [torch.Generator().manual_seed(s) for s in seeds] if temperature > 0 else None
+
+    def choose(logits: torch.Tensor, requests: list[int]) -> list[int]:
+        """The next token of each request in ``requests`` from its row of ``logits [len(requests), V]``."""
+        if generators is None:
+            return logits.argmax(-1).tolist()
+        # Gumbel-max: argmax(l/T − log E), E ~ Exp(1), is a draw from softmax(l/T); one draw per answer token
+        # from the request's own generator keeps it independent of its batch.
+        noise = torch.stack([torch.empty(logits.shape[-1]).exponential_(generator=generators[r]) for r in requests])
+        return (logits.float().cpu() / temperature - noise.log()).argmax(-1).tolist()
+
     eos = target.eos_token_id
     state, logits, prompt_step, _, _ = prefill(target, prompts)
     taps_of = [[prompt_step.taps[b, : len(p)].cpu()] for b, p in enumerate(prompts)]
     hidden_of = [[prompt_step.hidden[b, : len(p)].cpu()] for b, p in enumerate(prompts)]
-    answers: list[list[int]] = [[int(t)] for t in logits.argmax(-1).tolist()]
+    answers: list[list[int]] = [[int(t)] for t in choose(logits, list(range(num)))]
     finished = [(eos is not None and a[-1] == eos) or max_new_tokens <= 1 for a in answers]
     active = list(range(num))  # requests still in the batch; each is fed its last token once more after finishing
     while active:
@@ -89,7 +113,7 @@ def answer_batch(target, prompts: list[list[int]], *, max_new_tokens: int, min_a
         step = target.forward(state, fed, state.next_pos[:, None],
                               torch.ones(len(active), 1, dtype=torch.bool, device=device))
         state.next_pos = state.next_pos + 1
-        next_tokens = step.logits[:, -1].argmax(-1).tolist()
+        next_tokens = choose(step.logits[:, -1], active)
         step_taps, step_hidden = step.taps[:, 0].cpu(), step.hidden[:, 0].cpu()
         keep = []
         for row, r in enumerate(active):
@@ -117,10 +141,12 @@ def build_corpus(target, prompts: list[str] | list[list[int]], directory: str | 
                  max_new_tokens: int = 192,
                  batch_size: int = 64, round_size: int = 1024, max_bytes: int = 40 << 30,
                  dtype: torch.dtype = torch.bfloat16, min_active_fraction: float = 0.25, seed: int = 0,
-                 max_samples: int | None = None, progress: bool = True) -> CorpusReport:
+                 temperature: float = 0.0, max_samples: int | None = None, progress: bool = True) -> CorpusReport:
     """Answer ``prompts`` with ``target`` and store samples with features under ``directory``.
 
     A prompt is chat text (encoded with the target's chat template) or a list of token ids (used as is).
+    Answers are greedy, or with ``temperature > 0`` sampled, prompt ``i`` from a generator seeded by
+    :func:`sampling_seed` of ``seed`` and ``i``.
 
     Prompts are answered in the order :func:`corpus_order` gives; ``max_samples`` stops after the first
     ``max_samples`` of that order (a budget, so a later call may extend the corpus with the same settings).
@@ -129,9 +155,11 @@ def build_corpus(target, prompts: list[str] | list[list[int]], directory: str | 
     """
     if batch_size < 1 or round_size < 1 or max_new_tokens < 1:
         raise ValueError("batch_size, round_size and max_new_tokens must be positive")
+    if not temperature >= 0:
+        raise ValueError(f"temperature must be 0 (greedy) or more, got {temperature}")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    manifest = _open_manifest(directory, _settings(target, prompts, max_new_tokens, seed, dtype))
+    manifest = _open_manifest(directory, _settings(target, prompts, max_new_tokens, seed, dtype, temperature))
     order = corpus_order(len(prompts), seed)[:max_samples]
     todo = [i for i in order if not sample_path(directory, i).exists()]
     used = sum(p.stat().st_size for p in directory.glob("*.safetensors"))
@@ -157,7 +185,8 @@ def build_corpus(target, prompts: list[str] | list[list[int]], directory: str | 
         for b0 in range(0, len(chunk), batch_size):
             batch = chunk[b0: b0 + batch_size]
             results = answer_batch(target, [encoded[i] for i in batch], max_new_tokens=max_new_tokens,
-                                   min_active_fraction=min_active_fraction, on_step=on_step)
+                                   min_active_fraction=min_active_fraction, temperature=temperature,
+                                   seeds=[sampling_seed(seed, i) for i in batch], on_step=on_step)
             for i, (answer, taps, hidden) in zip(batch, results):
                 used += _write_sample(directory, i, encoded[i] + answer, len(encoded[i]), taps, hidden, dtype)
                 report.samples_written += 1
@@ -187,13 +216,26 @@ def build_corpus(target, prompts: list[str] | list[list[int]], directory: str | 
     return report
 
 
+def sampling_seed(seed: int, index: int) -> int:
+    """The seed of prompt ``index``'s generator in a sampled corpus of seed ``seed``.
+
+    A CPU generator keeps only the low 32 bits of its seed, so the corpus seed is mixed into those (by a Fibonacci
+    hashing multiplier): corpora of two seeds draw different noise for every prompt of a pool of any real size.
+    """
+    return (seed * 0x9E3779B1 + index) % 2 ** 32
+
+
 def _settings(target, prompts: list[str] | list[list[int]], max_new_tokens: int, seed: int,
-              dtype: torch.dtype) -> dict:
-    """What makes two corpora the same: the prompt list, the answering target and the answer budget."""
-    return {"num_prompts": len(prompts), "max_new_tokens": max_new_tokens, "seed": seed,
-            "target_dtype": str(next(target.model.parameters()).dtype), "feature_dtype": str(dtype),
-            "tap_layers": list(target.tap_layers), "hidden_size": target.hidden_size,
-            "prompts_digest": _digest(prompts)}
+              dtype: torch.dtype, temperature: float = 0.0) -> dict:
+    """What makes two corpora the same: the prompt list, the answering target, the answer budget and how
+    answers are chosen (a greedy corpus records no temperature, as those written before sampling existed)."""
+    settings = {"num_prompts": len(prompts), "max_new_tokens": max_new_tokens, "seed": seed,
+                "target_dtype": str(next(target.model.parameters()).dtype), "feature_dtype": str(dtype),
+                "tap_layers": list(target.tap_layers), "hidden_size": target.hidden_size,
+                "prompts_digest": _digest(prompts)}
+    if temperature > 0:
+        settings["temperature"] = temperature
+    return settings
 
 
 def _open_manifest(directory: Path, settings: dict, runs: list[dict] | None = None) -> Path:
@@ -336,10 +378,11 @@ def load_answers(path: str | os.PathLike) -> Answers:
 def rebuild_corpus(target, prompts: list[str] | list[list[int]], answers: str | os.PathLike,
                    directory: str | os.PathLike, *, max_new_tokens: int = 192, keys: list[int] | None = None,
                    batch_size: int = 32, dtype: torch.dtype = torch.bfloat16, seed: int = 0,
-                   progress: bool = True) -> CorpusReport:
+                   temperature: float = 0.0, progress: bool = True) -> CorpusReport:
     """Rebuild under ``directory`` the corpus whose answers :func:`save_answers` stored at ``answers``.
 
-    ``target``, ``prompts`` and the settings must be those the corpus was answered with (the settings
+    ``target``, ``prompts`` and the settings (``temperature`` included) must be those the corpus was answered
+    with (the settings
     :func:`build_corpus` records are compared, and every prompt is re-encoded and compared with the stored one),
     so the result is the corpus :func:`build_corpus` would write, with features from one forward over each
     whole sequence instead of a prefill and one decode step per answer token (the same features up to
@@ -353,7 +396,7 @@ def rebuild_corpus(target, prompts: list[str] | list[list[int]], answers: str | 
         raise ValueError("batch_size must be positive")
     stored = load_answers(answers)
     settings = stored.manifest.get("settings", {})
-    expected = _settings(target, prompts, max_new_tokens, seed, dtype)
+    expected = _settings(target, prompts, max_new_tokens, seed, dtype, temperature)
     differ = sorted(k for k in set(settings) | set(expected) if settings.get(k) != expected.get(k))
     if differ and differ != ["target_dtype"]:
         raise ValueError(f"the answers at {answers} were made with other settings (differing: {differ}); "

@@ -715,6 +715,7 @@ MATH_KEY_OFFSET = 2_000_000
 MATH2_KEY_OFFSET = 3_000_000
 MATH3_KEY_OFFSET = 4_000_000
 CODE2_KEY_OFFSET = 5_000_000
+SAMPLED_KEY_OFFSET = 6_000_000
 
 
 def recipe_corpus_dir(work: Path, precision: str, max_new_tokens: int, num_prompts: int | None = None) -> Path:
@@ -749,6 +750,12 @@ def math3_corpus_dir(corpus_dir: Path) -> Path:
     return corpus_dir.with_name(corpus_dir.name + "-word-problems-3")
 
 
+def sampled_corpus_dir(corpus_dir: Path, temperature: float) -> Path:
+    """Where the recipe caches the ShareGPT training prompts' answers sampled at ``temperature`` beside the greedy
+    corpus at ``corpus_dir``."""
+    return corpus_dir.with_name(corpus_dir.name + f"-sampled-t{temperature:g}")
+
+
 class _Pool(NamedTuple):
     """An extra prompt pool beside ShareGPT, as one recipe run asks for it."""
 
@@ -758,40 +765,49 @@ class _Pool(NamedTuple):
     prompts: list[str]  # loaded only when some are asked for
     directory: Path  # its corpus
     key_offset: int
+    temperature: float  # 0: greedy answers
 
 
-def _extra_pools(corpus_dir: Path, counts: dict[str, int], archives: dict) -> list[_Pool]:
-    """The extra prompt pools beside ShareGPT, with their corpora beside the ShareGPT one at ``corpus_dir``."""
+def _extra_pools(corpus_dir: Path, counts: dict[str, int], archives: dict, sharegpt_train: list[str],
+                 sampled_temperature: float) -> list[_Pool]:
+    """The extra prompt pools beside ShareGPT, with their corpora beside the ShareGPT one at ``corpus_dir``;
+    the ``sampled`` pool answers the ShareGPT training prompts ``sharegpt_train`` again at ``sampled_temperature``."""
     from dspark.data import load_code_prompts, load_math_prompts
 
-    pools = (("code", load_code_prompts, code_corpus_dir, CODE_KEY_OFFSET),
-             ("math", load_math_prompts, math_corpus_dir, MATH_KEY_OFFSET),
-             ("math2", lambda: load_math_prompts(series=2), math2_corpus_dir, MATH2_KEY_OFFSET),
-             ("math3", lambda: load_math_prompts(series=3), math3_corpus_dir, MATH3_KEY_OFFSET),
-             ("code2", lambda: load_code_prompts(series=2), code2_corpus_dir, CODE2_KEY_OFFSET))
-    return [_Pool(name, counts[name], archives[name], load() if counts[name] else [], directory(corpus_dir), offset)
-            for name, load, directory, offset in pools]
+    pools = (("code", load_code_prompts, code_corpus_dir, CODE_KEY_OFFSET, 0.0),
+             ("math", load_math_prompts, math_corpus_dir, MATH_KEY_OFFSET, 0.0),
+             ("math2", lambda: load_math_prompts(series=2), math2_corpus_dir, MATH2_KEY_OFFSET, 0.0),
+             ("math3", lambda: load_math_prompts(series=3), math3_corpus_dir, MATH3_KEY_OFFSET, 0.0),
+             ("code2", lambda: load_code_prompts(series=2), code2_corpus_dir, CODE2_KEY_OFFSET, 0.0),
+             ("sampled", lambda: sharegpt_train, lambda d: sampled_corpus_dir(d, sampled_temperature),
+              SAMPLED_KEY_OFFSET, sampled_temperature))
+    return [_Pool(name, counts[name], archives[name], load() if counts[name] else [], directory(corpus_dir), offset,
+                  temperature)
+            for name, load, directory, offset, temperature in pools]
 
 
 def _answered_corpus(answering, prompts: list[str], directory: Path, count: int | None,
-                     answers: str | os.PathLike | None, *, max_new_tokens: int, progress: bool) -> list[int]:
+                     answers: str | os.PathLike | None, *, max_new_tokens: int, progress: bool,
+                     temperature: float = 0.0) -> list[int]:
     """Make sure ``directory`` holds the first ``count`` (``None``: all) prompts of ``prompts`` in a corpus's
-    shuffled order, answered by ``answering``; with ``answers`` (an archive of this corpus), the answers it holds
-    are rebuilt from it and only the prompts it lacks are answered. Returns those prompts' keys."""
+    shuffled order, answered by ``answering`` (greedily, or sampled at ``temperature``); with ``answers`` (an
+    archive of this corpus), the answers it holds are rebuilt from it and only the prompts it lacks are answered.
+    Returns those prompts' keys."""
     from dspark.corpus import build_corpus, corpus_order, rebuild_corpus, sample_path
 
     wanted = corpus_order(len(prompts))[:count]
     if answers is not None:
         rebuild_corpus(answering, prompts, answers, directory, max_new_tokens=max_new_tokens, keys=wanted,
-                       progress=progress)
+                       temperature=temperature, progress=progress)
     if answers is None or not all(sample_path(directory, key).exists() for key in wanted):
         build_corpus(answering, prompts, directory, max_new_tokens=max_new_tokens, max_samples=count,
-                     progress=progress)
+                     temperature=temperature, progress=progress)
     return wanted
 
 
 def _pool_samples(answering, pool: list[str], directory: Path, count: int, key_offset: int, *, what: str,
-                  max_new_tokens: int, answers: str | os.PathLike | None, progress: bool) -> list[Sample]:
+                  max_new_tokens: int, answers: str | os.PathLike | None, progress: bool,
+                  temperature: float = 0.0) -> list[Sample]:
     """The first ``count`` prompts of ``pool`` answered into ``directory`` (:func:`_answered_corpus`), keyed
     from ``key_offset``."""
     from dspark.corpus import load_corpus
@@ -801,7 +817,7 @@ def _pool_samples(answering, pool: list[str], directory: Path, count: int, key_o
     if not count:
         return []
     wanted = _answered_corpus(answering, pool, directory, count, answers, max_new_tokens=max_new_tokens,
-                              progress=progress)
+                              progress=progress, temperature=temperature)
     return [Sample(s.token_ids, s.loss_mask, key=key_offset + s.key) for s in load_corpus(directory, wanted)]
 
 
@@ -817,7 +833,8 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
                           math_answers: str | os.PathLike | None = None, math2_prompts: int = 0,
                           math2_answers: str | os.PathLike | None = None, math3_prompts: int = 0,
                           math3_answers: str | os.PathLike | None = None, code2_prompts: int = 0,
-                          code2_answers: str | os.PathLike | None = None,
+                          code2_answers: str | os.PathLike | None = None, sampled_prompts: int = 0,
+                          sampled_answers: str | os.PathLike | None = None, sampled_temperature: float = 0.7,
                           continue_from: str | os.PathLike | None = None,
                           work_dir: str | os.PathLike | None = None, calibrate: bool = True,
                           progress: bool = True) -> Path:
@@ -843,7 +860,10 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
        (:func:`dspark.data.load_math_prompts`), and ``math2_prompts`` and ``math3_prompts`` with its second and
        third series of problem shapes (``series=2`` and ``series=3``). ``code_answers``, ``code2_answers``,
        ``math_answers``, ``math2_answers`` and ``math3_answers`` are those corpora's archives, read as ``answers``
-       is.
+       is. ``sampled_prompts`` answers that many ShareGPT training prompts (never a held-out one) once more,
+       sampled at ``sampled_temperature`` instead of greedily (:func:`dspark.corpus.build_corpus`): new answer
+       text for prompts whose greedy answers the ShareGPT corpus already holds; ``sampled_answers`` is that
+       corpus's archive.
     2. ``vocab``: with ``draft_vocab_size``, the draft vocabulary is the most frequent answer tokens of the
        ShareGPT training split (plus EOS), so adding code or math prompts keeps a drafter's vocabulary; its
        coverage of the training, held-out and each extra pool's answers is recorded.
@@ -892,9 +912,11 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     # Refuse bad weights or dropout before the corpus phase, which may take hours.
     TrainConfig(objective=objective, ce_weight=ce_weight, l1_weight=l1_weight, dropout=dropout)
     counts = {"code": code_prompts, "math": math_prompts, "math2": math2_prompts, "math3": math3_prompts,
-              "code2": code2_prompts}
+              "code2": code2_prompts, "sampled": sampled_prompts}
     archives = {"code": code_answers, "math": math_answers, "math2": math2_answers, "math3": math3_answers,
-                "code2": code2_answers}
+                "code2": code2_answers, "sampled": sampled_answers}
+    if not sampled_temperature > 0:
+        raise ValueError(f"sampled_temperature must be positive, got {sampled_temperature}")
     for what in counts:
         count, archive = counts[what], archives[what]
         if count < 0:
@@ -907,15 +929,17 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     answering = load_default_target(dtype=torch.bfloat16 if resolved == "bf16" else torch.float32)
     wanted = _answered_corpus(answering, prompts, corpus_dir, corpus_samples, answers,
                               max_new_tokens=max_new_tokens, progress=progress)
-    pools = _extra_pools(corpus_dir, counts, archives)
+    if len(wanted) <= held_out:
+        raise ValueError(f"the corpus holds {len(wanted)} samples, not more than the {held_out} held out")
+    # The held-out sequences are those of the highest prompt indices (load_corpus returns samples by index).
+    sharegpt_train_prompts = [prompts[key] for key in sorted(wanted)[:-held_out]]
+    pools = _extra_pools(corpus_dir, counts, archives, sharegpt_train_prompts, sampled_temperature)
     extra = {pool.name: _pool_samples(answering, pool.prompts, pool.directory, pool.count, pool.key_offset,
                                       what=pool.name, max_new_tokens=max_new_tokens, answers=pool.archive,
-                                      progress=progress)
+                                      progress=progress, temperature=pool.temperature)
              for pool in pools}
     del answering
     samples = load_corpus(corpus_dir, wanted)
-    if len(samples) <= held_out:
-        raise ValueError(f"the corpus holds {len(samples)} samples, not more than the {held_out} held out")
     train, evaluation = samples[:-held_out], samples[-held_out:]
     sharegpt_train = train
     if any(extra.values()):
@@ -980,7 +1004,8 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     name = f"checkpoint-{objective}-layers{num_draft_layers}-block{block_size}-steps{steps}-" \
            f"vocab{vocab_size or 'full'}-{len(samples)}seq-{resolved}" + (f"-seed{seed}" if seed else "") + \
            loss_weights_suffix(ce_weight, l1_weight) + (f"-dropout{dropout:g}" if dropout else "") + \
-           "".join(f"-{what}{count}" for what, count in counts.items() if count)
+           "".join(f"-{what}{count}" for what, count in counts.items() if count) + \
+           (f"-t{sampled_temperature:g}" if sampled_prompts else "")
     if parent is not None:
         trainer.answer_tokens_seen = parent["final"].get("answer_tokens_seen", 0)
         name += f"-after{parent['steps']}-{parent['digest']}"
@@ -1006,6 +1031,8 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
                  "math2_answers": None if math2_answers is None else Path(math2_answers).name,
                  "math3_answers": None if math3_answers is None else Path(math3_answers).name,
                  "code2_answers": None if code2_answers is None else Path(code2_answers).name,
+                 "sampled_prompts": sampled_prompts, "sampled_temperature": sampled_temperature,
+                 "sampled_answers": None if sampled_answers is None else Path(sampled_answers).name,
                  "continue_from": None if parent is None else parent["directory"]}
     curve = [{k: row[k] for k in ("step", "answer_tokens_seen", "eval_tau_prob", "eval_accuracy")}
              for row in trainer.history if "eval_tau_prob" in row]

@@ -227,9 +227,11 @@ def training_runs(run: dict | None) -> list[dict]:
 # The prompt pools a recipe run may add to the ShareGPT sequences (``<pool>_prompts``), as the paper names them,
 # and as it names their answers when it reports the draft vocabulary's coverage.
 POOLS = {"code": "standard-library code prompts", "math": "word problems", "math2": "second-series word problems",
-         "math3": "third-series word problems", "code2": "second-series code prompts"}
+         "math3": "third-series word problems", "code2": "second-series code prompts",
+         "sampled": "sampled answers to the ShareGPT training prompts"}
 POOL_ANSWERS = {"code": "code answers", "math": "math answers", "math2": "second-series math answers",
-                "math3": "third-series math answers", "code2": "second-series code answers"}
+                "math3": "third-series math answers", "code2": "second-series code answers",
+                "sampled": "sampled ShareGPT answers"}
 
 
 def listing(items: list[str]) -> str:

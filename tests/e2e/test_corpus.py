@@ -223,3 +223,87 @@ def test_a_rebuild_refuses_other_prompts_or_a_damaged_archive(tmp_path):
         load_answers(tmp_path / "missing.npz")
     with pytest.raises(ValueError, match="no corpus"):
         save_answers(tmp_path / "nowhere", tmp_path / "x.npz")
+
+
+def test_sampled_answers_follow_the_tempered_distribution():
+    """The first answer token of 4,000 copies of one prompt, each with its own seed, against softmax(l / T) of the
+    prompt's logits. With 48 tokens and 4,000 draws the total-variation distance of an exact sampler is about
+    0.02 (the sum over tokens of sqrt(p(1 − p) / 2πN)); 0.06 allows three times that, while the distributions of
+    sampling at T = 1 instead of 0.5, or of taking the argmax, lie 0.24 and 0.69 away (asserted beyond 0.15, so the
+    check can fail)."""
+    from dspark.corpus import sampling_seed
+    from dspark.decoding import prefill
+
+    target = tiny_target(vocab=48)
+    with torch.no_grad():
+        target.model.lm_head.weight.mul_(3)  # spread the logits so that the temperature matters
+    prompt = _prompts(target, count=1)[0]
+    logits = prefill(target, [prompt])[1][0]
+    draws = 4000
+    answers = answer_batch(target, [prompt] * draws, max_new_tokens=1, temperature=0.5,
+                           seeds=[sampling_seed(0, i) for i in range(draws)])
+    counts = torch.bincount(torch.tensor([a[0][0] for a in answers]), minlength=48).double() / draws
+
+    def distance(p: torch.Tensor) -> float:
+        return 0.5 * float((counts - p).abs().sum())
+
+    assert distance(torch.softmax(logits.double() / 0.5, -1)) < 0.06
+    assert distance(torch.softmax(logits.double(), -1)) > 0.15
+    assert distance(torch.nn.functional.one_hot(logits.argmax(), 48).double()) > 0.15
+
+
+def test_a_sampled_answer_depends_on_its_seed_not_its_batch():
+    from dspark.corpus import sampling_seed
+
+    target = tiny_target(vocab=48)
+    prompts = _prompts(target, count=5)
+    seeds = [sampling_seed(3, i) for i in range(5)]
+    batched = [a for a, _, _ in answer_batch(target, prompts, max_new_tokens=10, temperature=1.0, seeds=seeds,
+                                             min_active_fraction=0.0)]
+    alone = [answer_batch(target, [p], max_new_tokens=10, temperature=1.0, seeds=[s])[0][0]
+             for p, s in zip(prompts, seeds)]
+    assert batched == alone  # fp32: a batch changes no logit enough to move a draw
+    greedy = [a for a, _, _ in answer_batch(target, prompts, max_new_tokens=10, min_active_fraction=0.0)]
+    assert batched != greedy
+    reseeded = [a for a, _, _ in answer_batch(target, prompts, max_new_tokens=10, temperature=1.0,
+                                              seeds=[sampling_seed(4, i) for i in range(5)], min_active_fraction=0.0)]
+    assert batched != reseeded
+    with pytest.raises(ValueError, match="one seed per prompt"):
+        answer_batch(target, prompts, max_new_tokens=4, temperature=1.0, seeds=seeds[:4])
+    with pytest.raises(ValueError, match="temperature must be"):
+        answer_batch(target, prompts, max_new_tokens=4, temperature=-1.0, seeds=seeds)
+
+
+def test_a_sampled_corpus_records_its_temperature_and_rebuilds_from_its_answers(tmp_path):
+    """A greedy corpus records no temperature (its settings are those of corpora answered before sampling existed);
+    a sampled one does, so neither continues the other, and its archive rebuilds only with the same temperature."""
+    import json
+
+    from dspark.corpus import rebuild_corpus, sampling_seed, save_answers
+
+    target = tiny_target(vocab=48)
+    prompts = _prompts(target, count=5)
+    build_corpus(target, prompts, tmp_path / "greedy", max_new_tokens=6, batch_size=2, progress=False)
+    build_corpus(target, prompts, tmp_path / "sampled", max_new_tokens=6, batch_size=2, temperature=0.8, seed=2,
+                 dtype=torch.float32, progress=False)
+    settings = {d: json.loads((tmp_path / d / "corpus.json").read_text())["settings"] for d in ("greedy", "sampled")}
+    assert "temperature" not in settings["greedy"] and settings["sampled"]["temperature"] == 0.8
+    for sample, prompt in zip(load_corpus(tmp_path / "sampled"), prompts):
+        alone = answer_batch(target, [prompt], max_new_tokens=6, temperature=0.8,
+                             seeds=[sampling_seed(2, sample.key)])[0][0]
+        assert sample.token_ids.tolist() == prompt + alone
+    with pytest.raises(ValueError, match="other settings"):
+        build_corpus(target, prompts, tmp_path / "greedy", max_new_tokens=6, temperature=0.8, progress=False)
+    with pytest.raises(ValueError, match="other settings"):
+        build_corpus(target, prompts, tmp_path / "sampled", max_new_tokens=6, seed=2, dtype=torch.float32,
+                     progress=False)
+    with pytest.raises(ValueError, match="temperature must be"):
+        build_corpus(target, prompts, tmp_path / "bad", temperature=float("nan"), progress=False)
+    archive = save_answers(tmp_path / "sampled", tmp_path / "sampled.npz")
+    with pytest.raises(ValueError, match=r"differing: \['temperature'\]"):
+        rebuild_corpus(target, prompts, archive, tmp_path / "rebuilt", max_new_tokens=6, seed=2, dtype=torch.float32,
+                       progress=False)
+    rebuild_corpus(target, prompts, archive, tmp_path / "rebuilt", max_new_tokens=6, seed=2, temperature=0.8,
+                   dtype=torch.float32, progress=False)
+    assert [s.token_ids.tolist() for s in load_corpus(tmp_path / "rebuilt")] == \
+        [s.token_ids.tolist() for s in load_corpus(tmp_path / "sampled")]

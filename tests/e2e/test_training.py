@@ -350,6 +350,49 @@ def test_the_recipe_adds_code_and_math_prompts_to_a_continuation_and_keeps_the_h
         train_default_drafter(tmp_path / "other", steps=2, code2_prompts=2000, **toy)
 
 
+def test_the_recipe_samples_new_answers_to_the_sharegpt_training_prompts_only(real_target, tmp_path):
+    """``sampled_prompts`` answers ShareGPT training prompts once more, sampled at ``sampled_temperature``: every
+    sampled sequence starts with a training prompt and none with a held-out one, the answers are not all the greedy
+    ones, the corpus records its temperature, and the checkpoint is named after the count and the temperature."""
+    from dspark.corpus import corpus_order, load_corpus
+    from dspark.data import load_training_prompts
+    from dspark.training import fastest_precision, recipe_corpus_dir, sampled_corpus_dir, train_default_drafter
+
+    answers = Path(__file__).resolve().parents[2] / "benchmarks" / "recipes" / "smollm2_drafter.answers.npz"
+    toy = dict(corpus_samples=6, num_draft_layers=1, draft_vocab_size=256, held_out=2, eval_every=2,
+               sequences_per_step=4, num_anchors=4, answers=answers, work_dir=tmp_path / "work", calibrate=False,
+               progress=False, max_new_tokens=192)
+    parent = train_default_drafter(tmp_path / "parent", steps=2, **toy)
+    child = train_default_drafter(tmp_path / "child", steps=2, continue_from=parent, sampled_prompts=4,
+                                  sampled_temperature=1.0, **toy)
+    meta = json.loads((child / "config.json").read_text(encoding="utf-8"))["metadata"]
+    assert (meta["train_sequences"], meta["sampled_sequences"], meta["held_out_sequences"]) == (8, 4, 2)
+    assert (meta["run"]["arguments"]["sampled_prompts"], meta["run"]["arguments"]["sampled_temperature"]) == (4, 1.0)
+    corpus = recipe_corpus_dir(tmp_path / "work", fastest_precision("cpu"), 192)
+    greedy = load_corpus(corpus, corpus_order(len(load_training_prompts()))[:6])  # by index: the last two held out
+    sampled = load_corpus(sampled_corpus_dir(corpus, 1.0))
+
+    def prompt(sample) -> list[int]:
+        return sample.token_ids[~sample.loss_mask].tolist()
+
+    assert sorted(map(prompt, sampled)) == sorted(map(prompt, greedy[:-2]))
+    assert not {tuple(prompt(s)) for s in sampled} & {tuple(prompt(s)) for s in greedy[-2:]}
+    greedy_answers = {tuple(prompt(s)): s.token_ids.tolist() for s in greedy}
+    assert any(s.token_ids.tolist() != greedy_answers[tuple(prompt(s))] for s in sampled)
+    settings = json.loads((sampled_corpus_dir(corpus, 1.0) / "corpus.json").read_text(encoding="utf-8"))["settings"]
+    assert settings["temperature"] == 1.0 and settings["num_prompts"] == 4
+    (checkpoint,) = (tmp_path / "work").glob("checkpoint-*-after*")
+    assert "-sampled4-t1-after" in checkpoint.name
+    with pytest.raises(ValueError, match="sampled_temperature must be positive"):
+        train_default_drafter(tmp_path / "other", steps=2, sampled_prompts=1, sampled_temperature=0.0, **toy)
+    with pytest.raises(ValueError, match="sampled_prompts=5, but its pool holds 4 prompts"):
+        train_default_drafter(tmp_path / "other", steps=2, sampled_prompts=5, **toy)
+    with pytest.raises(ValueError, match="sampled_answers is given but sampled_prompts is 0"):
+        train_default_drafter(tmp_path / "other", steps=2, sampled_answers=tmp_path / "any.npz", **toy)
+    with pytest.raises(ValueError, match="holds 6 samples, not more than the 6 held out"):
+        train_default_drafter(tmp_path / "other", steps=2, sampled_prompts=1, **{**toy, "held_out": 6})
+
+
 def test_the_recipe_rebuilds_code_and_math_corpora_from_their_archives_without_answering(real_target, tmp_path):
     """On a fresh cache, ``code_answers``, ``math_answers``, ``math2_answers``, ``math3_answers`` and
     ``code2_answers`` rebuild the pools' corpora from archives: no prompt is answered again (the manifests keep the
