@@ -16,6 +16,7 @@ benchmarks/recipes/<pass>.json``), which answers or rebuilds them. Writes ``gene
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -94,14 +95,18 @@ def measure(target, directory: Path, count: int) -> dict:
     samples = load_corpus(corpus, order)
     drafter = load_drafter(directory, target)
     row = {"drafter": directory.name, "steps": meta.get("steps"), "dropout": arguments.get("dropout", 0.0),
+           "sampled_prompts": arguments.get("sampled_prompts", 0),
+           "sampled_temperature": arguments.get("sampled_temperature") if arguments.get("sampled_prompts") else None,
            "held_out": evaluate(target, drafter, corpus, samples[-held_out:], arguments, precision),
            "train": evaluate(target, drafter, corpus, spread(samples[:-held_out], count), arguments, precision),
            "recorded_held_out_tau_prob": meta.get("final", {}).get("eval_tau_prob"),
            "last_run_curve": last_run_curve(meta)}
     for name, pool_dir in POOLS.items():
         if arguments.get(f"{name}_prompts"):
-            keys = corpus_order(arguments[f"{name}_prompts"])[:count]
             directory = pool_dir(corpus, arguments)
+            # The pool's corpus answered the first <pool>_prompts of its own shuffled order.
+            pool_size = json.loads((directory / "corpus.json").read_text(encoding="utf-8"))["settings"]["num_prompts"]
+            keys = corpus_order(pool_size)[: arguments[f"{name}_prompts"]][:count]
             row[f"{name}_train"] = evaluate(target, drafter, directory, load_corpus(directory, keys), arguments,
                                             precision)
     return row
