@@ -7,7 +7,11 @@ Also reports how far the rebuilt features are from the captured ones (the same t
 tokens, batched and cached differently: bf16 rounding only) and the size of the answers archive per answer
 token. Writes ``corpus_rebuild_cpu.json``.
 
+``--batch-sizes B ...`` instead times answering alone at each batch size on the same prompts (greedy, or sampled
+at ``--temperature``), to choose the batch a long regeneration runs at; it writes ``corpus_batch_cpu.json``.
+
     python benchmarks/bench_corpus.py [--prompts 128] [--repeats 2] [--out benchmarks/results]
+    python benchmarks/bench_corpus.py --batch-sizes 64 128 256 --prompts 256 [--temperature 0.7]
 """
 
 from __future__ import annotations
@@ -44,19 +48,50 @@ def feature_error(first: Path, second: Path, target) -> dict:
     return {"max_abs_over_rms": largest / rms, "mean_abs_over_rms": total / count / rms, "feature_rms": rms}
 
 
+def answer_batch_sizes(target, prompts: list[str], args) -> dict:
+    """Answering tokens/s at each of ``args.batch_sizes`` on the first ``args.prompts`` of the shuffled order."""
+    from dspark.corpus import build_corpus
+
+    rows = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for batch_size in args.batch_sizes:
+            report = build_corpus(target, prompts, Path(scratch) / f"batch-{batch_size}",
+                                  max_new_tokens=args.max_new_tokens, batch_size=batch_size,
+                                  temperature=args.temperature, max_samples=args.prompts, progress=False)
+            rows.append({"batch_size": batch_size, "answer_tokens": report.answer_tokens, "seconds": report.seconds,
+                         "answer_tokens_per_s": report.tokens_per_second})
+            print(f"batch {batch_size}: {report.answer_tokens} answer tokens in {report.seconds:.1f} s "
+                  f"({report.tokens_per_second:.0f} tok/s)")
+    base = rows[0]["answer_tokens_per_s"]
+    for row in rows:
+        row["speedup"] = row["answer_tokens_per_s"] / base
+    return {"prompts": args.prompts, "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
+            "target_dtype": "bfloat16", "threads": torch.get_num_threads(), "rows": rows,
+            "note": "build_corpus (prefill, decode steps with feature capture and writes) on the same prompts at "
+                    "each batch size, one after another in one run; speedup against the first batch size"}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", type=int, default=128)
     parser.add_argument("--max-new-tokens", type=int, default=192)
     parser.add_argument("--repeats", type=int, default=2, help="answer / rebuild pairs, interleaved")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=None,
+                        help="time answering alone at these batch sizes instead")
+    parser.add_argument("--temperature", type=float, default=0.0, help="with --batch-sizes: sample at this")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
+    if args.batch_sizes is not None and min(args.batch_sizes) < 1:
+        raise SystemExit("--batch-sizes must be positive")
     from dspark.corpus import build_corpus, rebuild_corpus, save_answers
     from dspark.data import load_training_prompts
     from dspark.target import load_default_target
 
     prompts = load_training_prompts()
     target = load_default_target(dtype=torch.bfloat16)
+    if args.batch_sizes is not None:
+        print(write_result("corpus_batch_cpu", answer_batch_sizes(target, prompts, args), args.out))
+        return 0
     runs = []
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
