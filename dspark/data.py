@@ -108,6 +108,10 @@ _STDLIB_SKIPPED = {"test", "tests", "idlelib", "lib2to3", "site-packages", "dist
 
 CODE_PROMPTS_FILE = Path(__file__).resolve().parent / "assets" / "stdlib_code_prompts.json.gz"
 _CODE_PREFIX = "Complete this Python function.\n\n"
+# Docstring lengths (characters): the first series takes public functions documented at least this much, the second
+# the documented functions it leaves out, down to the shorter bound.
+CODE_DOCSTRING_CHARS = 60
+CODE2_DOCSTRING_CHARS = 25
 
 
 def load_code_prompts(limit: int | None = None, *, seed: int = 0, max_chars: int = 1200, series: int = 1,
@@ -212,9 +216,9 @@ def _stdlib_functions(max_chars: int) -> tuple[tuple[str, ...], tuple[str, ...]]
             if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or len(node.body) < 3:
                 continue
             doc = ast.get_docstring(node)
-            if doc is None or len(doc) < 25:
+            if doc is None or len(doc) < CODE2_DOCSTRING_CHARS:
                 continue
-            which = 0 if len(doc) >= 60 and not node.name.startswith("_") else 1
+            which = 0 if len(doc) >= CODE_DOCSTRING_CHARS and not node.name.startswith("_") else 1
             first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
             head = textwrap.dedent("\n".join(lines[first - 1: node.body[0].end_lineno]))
             prompt = _CODE_PREFIX + head + "\n"
