@@ -1771,6 +1771,7 @@ def generalization_bullet(result: dict) -> str:
         how = f" with dropout {num(row['dropout'], 'g')}" if row.get("dropout") else \
             " with sampled answers" if row.get("sampled_prompts") else ""
         text += f" At {num(row['steps'], 'd')} steps{how}: {scores(row)}."
+
     def path(curve: list[dict]) -> str:
         low = min(curve, key=lambda c: c["tau_prob"])
         return (f"from {num(curve[0]['tau_prob'])} through {num(low['tau_prob'])} at step {num(low['step'], 'd')} "
