@@ -341,6 +341,11 @@ class TrainConfig:
                     confidence_weight=CONFIDENCE_WEIGHT)
 
 
+# A resumed run may change these: they set how often it evaluates and saves, and which (equivalent) loss kernel
+# runs, not which steps it takes.
+RESUME_FREE_SETTINGS = frozenset({"eval_every", "checkpoint_every", "loss_backend", "loss_chunk_rows"})
+
+
 def lr_factor(step: int, config: TrainConfig) -> float:
     """Linear warm-up over the first ``warmup_fraction`` of steps, then cosine to 0."""
     warmup = max(1, round(config.warmup_fraction * config.steps))
@@ -655,7 +660,11 @@ class Trainer:
         return Path(directory)
 
     def resume(self, directory: str | os.PathLike, target=None) -> Trainer:
-        """Load what :meth:`save` wrote into this trainer (its drafter, optimiser and step)."""
+        """Load what :meth:`save` wrote into this trainer (its drafter, optimiser and step).
+
+        Raises ``ValueError`` when the checkpoint's run had other settings than this trainer's, apart from
+        :data:`RESUME_FREE_SETTINGS`, which decide when work is done or how, not what the weights become.
+        """
         import safetensors.torch
 
         directory = Path(directory)
@@ -666,6 +675,12 @@ class Trainer:
         else:
             self.drafter.load_state_dict(loaded.state_dict())
         meta = json.loads((directory / "trainer_state.json").read_text(encoding="utf-8"))
+        mine, saved = asdict(self.config), meta.get("config", {})
+        differ = [f"{k}={saved.get(k)!r} there, {v!r} here" for k, v in mine.items()
+                  if k not in RESUME_FREE_SETTINGS and saved.get(k) != v]
+        if differ:
+            raise ValueError(f"{directory} was written by a run with other settings ({'; '.join(differ)}); resuming "
+                             f"it would mix two runs: remove it or train elsewhere")
         state = safetensors.torch.load_file(directory / "optimizer.safetensors")
         params = dict(self.drafter.named_parameters())
         for group, saved in zip(self.optimizer.param_groups, meta["groups"]):
@@ -1009,6 +1024,11 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     if parent is not None:
         trainer.answer_tokens_seen = parent["final"].get("answer_tokens_seen", 0)
         name += f"-after{parent['steps']}-{parent['digest']}"
+    # Settings the name does not spell out still decide the weights: runs that differ in them must not share (and
+    # resume) one checkpoint.
+    unnamed = {"lr": lr, "num_anchors": num_anchors, "sequences_per_step": sequences_per_step,
+               "markov_rank": markov_rank, "max_new_tokens": max_new_tokens, "held_out": held_out}
+    name += "-run" + hashlib.sha256(json.dumps(unnamed, sort_keys=True).encode()).hexdigest()[:8]
     checkpoint = work / name
     if (checkpoint / "trainer_state.json").exists():
         trainer.resume(checkpoint, target)

@@ -61,6 +61,19 @@ def test_resume_continues_bit_for_bit(tmp_path, objective, dropout):
         assert torch.equal(a, b), f"{name} differs after resuming"
 
 
+def test_resume_refuses_a_checkpoint_of_a_run_with_other_settings(tmp_path):
+    """Resuming a checkpoint that another learning rate wrote would mix two runs under one name."""
+    first, target = tiny_trainer(steps=4)
+    first.train_step()
+    first.save(tmp_path / "ckpt")
+    other, _ = tiny_trainer(steps=4, lr=1e-3)
+    with pytest.raises(ValueError, match=r"lr=0\.003 there, 0\.001 here"):
+        other.resume(tmp_path / "ckpt", target)
+    # How often a run evaluates or saves does not change its steps, so a resumed run may change it.
+    again, _ = tiny_trainer(steps=4, eval_every=2, checkpoint_every=2)
+    assert again.resume(tmp_path / "ckpt", target).step == 1
+
+
 @pytest.mark.parametrize("objective", ["dspark", "eagle3"])
 def test_a_continuation_picks_up_the_data_order_and_anchors_where_training_stopped(objective):
     """A run with ``step_offset=k`` draws at its step j the sequences and anchors a straight run draws at step
@@ -297,6 +310,9 @@ def test_the_recipe_continues_a_drafter_it_wrote_and_refuses_one_trained_otherwi
     assert [row["step"] for row in meta["curve"]] == [0, 2, 4]
     assert meta["curve"][:2] == first["curve"]
     assert meta["final"]["answer_tokens_seen"] > first["final"]["answer_tokens_seen"]
+    # Another learning rate is another run: it trains in a checkpoint of its own instead of resuming that one.
+    train_default_drafter(tmp_path / "child-lr", steps=2, continue_from=parent, **{**toy, "lr": 1e-4})
+    assert len(list((tmp_path / "work").glob("checkpoint-*-after*"))) == 2
     with pytest.raises(ValueError, match="trained otherwise"):
         train_default_drafter(tmp_path / "other", steps=2, continue_from=parent, **{**toy, "objective": "dflash"})
     with pytest.raises(ValueError, match="another shape"):
