@@ -381,15 +381,15 @@ def rebuild_corpus(target, prompts: list[str] | list[list[int]], answers: str | 
                    temperature: float = 0.0, progress: bool = True) -> CorpusReport:
     """Rebuild under ``directory`` the corpus whose answers :func:`save_answers` stored at ``answers``.
 
-    ``target``, ``prompts`` and the settings (``temperature`` included) must be those the corpus was answered
-    with (the settings :func:`build_corpus` records are compared, and every prompt is re-encoded and compared
-    with the stored one), so the result is the corpus :func:`build_corpus` would write, with features from one forward over each
-    whole sequence instead of a prefill and one decode step per answer token (the same features up to
-    rounding). The target may run in another dtype than the one that answered (fp32 on a CPU that emulates
-    bf16): its features then differ from the answering target's by rounding, and the manifest records its
-    dtype as ``features_target_dtype``. ``keys`` keeps only those prompt indices. Resumable: samples on
-    disk are kept. The manifest keeps the answering runs' record and adds this rebuild to its ``rebuilds``.
-    Returns the answer tokens rebuilt and the time.
+    ``target``, ``prompts`` and the settings (``temperature`` included) must be those the corpus was answered with
+    (the settings :func:`build_corpus` records are compared, and every prompt is re-encoded and compared with the
+    stored one), so the result is the corpus :func:`build_corpus` would write, with features from one forward over
+    each whole sequence instead of a prefill and one decode step per answer token (the same features up to
+    rounding). The target may run in another dtype than the one that answered (fp32 on a CPU that emulates bf16):
+    its features then differ from the answering target's by rounding, and the manifest records its dtype as
+    ``features_target_dtype``. ``keys`` keeps only those prompt indices. Resumable: samples on disk are kept. The
+    manifest keeps the answering runs' record and adds this rebuild to its ``rebuilds``. Returns the answer tokens
+    rebuilt and the time.
     """
     if batch_size < 1:
         raise ValueError("batch_size must be positive")
