@@ -24,9 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.environment import write_result  # noqa: E402
 from dspark.checkpoint import load_drafter, read_checkpoint_config, shipped_drafter_dir  # noqa: E402
-from dspark.corpus import corpus_order, load_corpus, sample_path  # noqa: E402
-from dspark.data import load_training_prompts  # noqa: E402
-from dspark.target import cache_root, load_default_target  # noqa: E402
+from dspark.corpus import corpus_order, load_corpus  # noqa: E402
+from dspark.target import load_default_target  # noqa: E402
 from dspark.training import (  # noqa: E402
     OfflineFeatures,
     TrainConfig,
@@ -36,7 +35,7 @@ from dspark.training import (  # noqa: E402
     math2_corpus_dir,
     math3_corpus_dir,
     math_corpus_dir,
-    recipe_corpus_dir,
+    recipe_sharegpt_split,
     sampled_corpus_dir,
 )
 
@@ -83,22 +82,18 @@ def measure(target, directory: Path, count: int) -> dict:
     if not arguments or arguments.get("objective") != "dspark":
         raise SystemExit(f"{directory}: not a DSpark drafter the recipe trained (no training record)")
     precision = run["train_config"]["precision"]
-    corpus = recipe_corpus_dir(cache_root() / "training", precision, arguments["max_new_tokens"],
-                               arguments["num_prompts"])
-    order = corpus_order(len(load_training_prompts(arguments["num_prompts"])))[: arguments["corpus_samples"]]
-    held_out = arguments["held_out"]
-    missing = [k for k in order if not sample_path(corpus, k).exists()]
-    if missing:
-        raise SystemExit(f"{corpus} lacks {len(missing)} of the drafter's {len(order)} ShareGPT samples: run the "
-                         "recipe's config first, which rebuilds them")
-    # The recipe holds out the highest prompt indices (load_corpus returns samples by index).
-    samples = load_corpus(corpus, order)
+    try:
+        corpus, train, held_out = recipe_sharegpt_split(arguments, precision)
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
     drafter = load_drafter(directory, target)
-    row = {"drafter": directory.name, "steps": meta.get("steps"), "dropout": arguments.get("dropout", 0.0),
+    row = {"drafter": directory.name, "steps": meta.get("steps"), "lr": arguments.get("lr"),
+           "dropout": arguments.get("dropout", 0.0),
            "sampled_prompts": arguments.get("sampled_prompts", 0),
            "sampled_temperature": arguments.get("sampled_temperature") if arguments.get("sampled_prompts") else None,
-           "held_out": evaluate(target, drafter, corpus, samples[-held_out:], arguments, precision),
-           "train": evaluate(target, drafter, corpus, spread(samples[:-held_out], count), arguments, precision),
+           "average_of": [a["directory"] for a in meta.get("average_of", [])],
+           "held_out": evaluate(target, drafter, corpus, held_out, arguments, precision),
+           "train": evaluate(target, drafter, corpus, spread(train, count), arguments, precision),
            "recorded_held_out_tau_prob": meta.get("final", {}).get("eval_tau_prob"),
            "last_run_curve": last_run_curve(meta)}
     for name, pool_dir in POOLS.items():

@@ -100,6 +100,11 @@ def main(argv: list[str] | None = None) -> int:
                        help="a drafter directory this command wrote (same objective and data): train it further, "
                             "the learning-rate schedule starting over and the data picking up where it stopped")
     train.add_argument("--output", default=None, help="default: the cache the demo reads")
+    average = sub.add_parser("average", help="average the weights of drafters that continued one parent")
+    average.add_argument("drafters", nargs="+",
+                         help="two or more drafter directories that `train` wrote with one objective, shape and "
+                              "held-out split (e.g. continuations of one drafter)")
+    average.add_argument("--output", required=True)
     export = sub.add_parser("export", help="write a trained drafter in the speculators format vLLM serves")
     export.add_argument("--drafter", default=None, help="dspark drafter directory (default: the demo's)")
     export.add_argument("--out", required=True)
@@ -119,6 +124,12 @@ def main(argv: list[str] | None = None) -> int:
         path = export_drafter(drafter, args.out, verifier_name_or_path=args.verifier,
                               verifier_architectures=args.architectures)
         print(f"wrote {path}: serve it with `vllm serve {path}`")
+        return 0
+    if args.command == "average":
+        from dspark.training import average_drafters
+
+        path = average_drafters(args.drafters, args.output)
+        print(f"wrote {path}")
         return 0
     if args.command == "train":
         from dspark.checkpoint import default_drafter_dir

@@ -731,6 +731,8 @@ MATH2_KEY_OFFSET = 3_000_000
 MATH3_KEY_OFFSET = 4_000_000
 CODE2_KEY_OFFSET = 5_000_000
 SAMPLED_KEY_OFFSET = 6_000_000
+# The extra pools, as the recipe's arguments name them (``<pool>_prompts``, ``<pool>_answers``).
+POOL_NAMES = ("code", "math", "math2", "math3", "code2", "sampled")
 
 
 def recipe_corpus_dir(work: Path, precision: str, max_new_tokens: int, num_prompts: int | None = None) -> Path:
@@ -1104,6 +1106,107 @@ def _load_parent(directory: str | os.PathLike, drafter, target, **expected) -> d
     digest = hashlib.sha256((directory / "model.safetensors").read_bytes()).hexdigest()[:12]
     return {"directory": directory.name, "steps": int(meta["steps"]), "final": meta.get("final", {}),
             "curve": meta.get("curve", []), "run": meta["run"], "digest": digest}
+
+
+def recipe_sharegpt_split(arguments: dict, precision: str,
+                          work_dir: str | os.PathLike | None = None) -> tuple[Path, list[Sample], list[Sample]]:
+    """The ShareGPT corpus directory, training samples and held-out samples of a recipe run with these training
+    ``arguments`` (as a drafter's metadata records them) and resolved ``precision``, read from the cache under
+    ``work_dir`` (default ``$DSPARK_CACHE/training``). Raises ``ValueError`` when the cache lacks them."""
+    from dspark.corpus import corpus_order, load_corpus, sample_path
+    from dspark.data import load_training_prompts
+    from dspark.target import cache_root
+
+    work = Path(work_dir) if work_dir else cache_root() / "training"
+    corpus = recipe_corpus_dir(work, precision, arguments["max_new_tokens"], arguments["num_prompts"])
+    order = corpus_order(len(load_training_prompts(arguments["num_prompts"])))[: arguments["corpus_samples"]]
+    missing = [k for k in order if not sample_path(corpus, k).exists()]
+    if missing:
+        raise ValueError(f"{corpus} lacks {len(missing)} of the run's {len(order)} ShareGPT samples: run its recipe "
+                         "first (python -m dspark train --config ...), which answers or rebuilds them")
+    # The recipe holds out the highest prompt indices (load_corpus returns samples by index).
+    samples = load_corpus(corpus, order)
+    held_out = arguments["held_out"]
+    return corpus, samples[:-held_out], samples[-held_out:]
+
+
+# Averaged drafters must agree on these, so that one held-out split and one shape serve them all.
+_AVERAGE_SAME = ("objective", "num_prompts", "corpus_samples", "max_new_tokens", "held_out", "draft_vocab_size",
+                 "num_anchors")
+
+
+def average_drafters(directories: list[str | os.PathLike], output_dir: str | os.PathLike, *, target=None,
+                     work_dir: str | os.PathLike | None = None, calibrate: bool = True,
+                     progress: bool = True) -> Path:
+    """Write the mean of the weights of recipe drafters that continued one parent (a "model soup").
+
+    Continuations of one drafter stay close to it (a 4,000-step continuation moves each weight matrix by about a
+    tenth of its norm), so their mean is itself a drafter, and it tends to predict held-out text better than
+    each of them: averaging keeps what the runs learned in common and cancels part of what each fitted to its own
+    batches. The drafters must share shape, draft vocabulary, objective and held-out split, so that the mean is
+    scored on sequences none of them trained on: its held-out τ_prob, CE and slot accuracies (training's
+    evaluation) are recorded as ``final``, and each ingredient's own under ``average_of``. The confidence head
+    is averaged too, and with ``calibrate`` its STS temperatures are fitted again on held-out decoding, since
+    each ingredient's fit its own head. Written in bf16 without the shared weights, as training writes.
+    Raises ``ValueError`` for fewer than two drafters or drafters that differ in any of that.
+    """
+    from dspark.checkpoint import SHARED, save_drafter
+    from dspark.target import load_default_target
+
+    directories = [Path(d) for d in directories]
+    if len(directories) < 2:
+        raise ValueError(f"averaging needs at least two drafters, got {len(directories)}")
+    metas = []
+    for directory in directories:
+        meta = read_checkpoint_config(directory).get("metadata", {})
+        if not meta.get("run", {}).get("arguments") or "steps" not in meta:
+            raise ValueError(f"{directory} holds no training record: only drafters the recipe trained can be averaged")
+        metas.append(meta)
+    first = metas[0]["run"]
+    precision = first["train_config"]["precision"]
+    for directory, meta in zip(directories[1:], metas[1:]):
+        run = meta["run"]
+        differ = {k: (first["arguments"].get(k), run["arguments"].get(k)) for k in _AVERAGE_SAME
+                  if first["arguments"].get(k) != run["arguments"].get(k)}
+        if run["train_config"]["precision"] != precision:
+            differ["precision"] = (precision, run["train_config"]["precision"])
+        if differ:
+            raise ValueError(f"{directory} was trained otherwise than {directories[0]} (first, this): {differ}")
+    target = target if target is not None else load_default_target()
+    drafters = [load_drafter(d, target) for d in directories]
+    for directory, drafter in zip(directories[1:], drafters[1:]):
+        if drafter.config.to_dict() != drafters[0].config.to_dict():
+            raise ValueError(f"{directory} has another shape than {directories[0]}")
+        if drafter.reduced_vocab and not torch.equal(drafter.draft_to_target, drafters[0].draft_to_target):
+            raise ValueError(f"{directory} drafts another vocabulary than {directories[0]}")
+    mean = drafters[0]
+    states = [d.state_dict() for d in drafters]
+    with torch.no_grad():
+        for name, value in states[0].items():
+            # The shared weights are the target's in every ingredient; the draft vocabulary map is not a weight.
+            if value.is_floating_point() and name not in SHARED:
+                value.copy_(torch.stack([state[name].float() for state in states]).mean(0))
+    corpus, _, held = recipe_sharegpt_split(first["arguments"], precision, work_dir)
+    source = OfflineFeatures(corpus, target.tap_layers, target.hidden_size)
+    config = TrainConfig(num_anchors=first["arguments"]["num_anchors"], precision=precision,
+                         objective=first["arguments"]["objective"])
+    final = Trainer(mean, target.lm_head_weight(), source, held, config, held_out=held).evaluate()
+    # The mean trained on every ingredient's pools: bench_generalization scores it on each of them.
+    arguments = dict(first["arguments"], continue_from=None)
+    for meta in metas:
+        theirs = meta["run"]["arguments"]
+        for pool in POOL_NAMES:
+            if (theirs.get(f"{pool}_prompts") or 0) > (arguments.get(f"{pool}_prompts") or 0):
+                arguments.update({k: v for k, v in theirs.items() if k.startswith(f"{pool}_")})
+    metadata = {"objective": arguments["objective"], "steps": max(int(m["steps"]) for m in metas),
+                "held_out_sequences": len(held), "final": final,
+                "average_of": [{"directory": d.name, "steps": int(m["steps"]), "final": m.get("final", {})}
+                               for d, m in zip(directories, metas)],
+                "run": {"arguments": arguments, "train_config": first["train_config"], "commit": source_commit()}}
+    if mean.config.enable_confidence_head and calibrate:
+        metadata["sts"] = calibrate_on_samples(target, mean.eval(), held, progress=progress)
+    metadata["trained_at"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return save_drafter(mean, output_dir, dtype=torch.bfloat16, metadata=metadata)
 
 
 def loss_weights_suffix(ce_weight: float | None = None, l1_weight: float | None = None) -> str:

@@ -322,6 +322,42 @@ def test_the_recipe_continues_a_drafter_it_wrote_and_refuses_one_trained_otherwi
         train_default_drafter(tmp_path / "other", steps=2, continue_from=bare, **toy)
 
 
+def test_averaging_continuations_writes_their_mean_scored_on_the_held_out_split(real_target, tmp_path):
+    from dspark.checkpoint import SHARED, load_drafter
+    from dspark.training import average_drafters, train_default_drafter
+
+    answers = Path(__file__).resolve().parents[2] / "benchmarks" / "recipes" / "smollm2_drafter.answers.npz"
+    toy = dict(corpus_samples=6, num_draft_layers=1, draft_vocab_size=256, held_out=2, eval_every=1,
+               sequences_per_step=2, num_anchors=4, answers=answers, work_dir=tmp_path / "work", calibrate=False,
+               progress=False)
+    parent = train_default_drafter(tmp_path / "parent", steps=2, **toy)
+    children = [train_default_drafter(tmp_path / f"child{i}", steps=1, continue_from=parent, **{**toy, "lr": lr})
+                for i, lr in enumerate((1e-2, 1e-3))]
+    mean = average_drafters(children, tmp_path / "mean", target=real_target, work_dir=tmp_path / "work",
+                            calibrate=False, progress=False)
+    weights = [load_drafter(d, real_target).state_dict() for d in (*children, mean)]
+    name = "layers.0.mlp.down_proj.weight"
+    assert not torch.equal(weights[0][name], weights[1][name])
+    # The ingredients are stored in bf16, so their fp32 mean rounded to bf16 is exactly what is stored; the
+    # shared weights and the draft vocabulary are the same in all.
+    for key, value in weights[2].items():
+        averaged = value.is_floating_point() and key not in SHARED
+        expected = ((weights[0][key] + weights[1][key]) / 2).bfloat16().float() if averaged else weights[0][key]
+        assert torch.equal(value, expected), f"{key} is not the ingredients' mean"
+    meta = json.loads((mean / "config.json").read_text(encoding="utf-8"))["metadata"]
+    assert [a["directory"] for a in meta["average_of"]] == ["child0", "child1"]
+    assert meta["held_out_sequences"] == 2 and meta["final"]["eval_tau_prob"] >= 1
+    assert meta["steps"] == 3 and meta["run"]["arguments"]["continue_from"] is None
+    with pytest.raises(ValueError, match="at least two drafters"):
+        average_drafters(children[:1], tmp_path / "other", target=real_target, work_dir=tmp_path / "work")
+    # Another held-out split cannot score the mean on sequences that none of them trained on.
+    config = json.loads((children[1] / "config.json").read_text(encoding="utf-8"))
+    config["metadata"]["run"]["arguments"]["held_out"] = 3
+    (children[1] / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    with pytest.raises(ValueError, match="trained otherwise.*'held_out': \\(2, 3\\)"):
+        average_drafters(children, tmp_path / "other", target=real_target, work_dir=tmp_path / "work")
+
+
 def test_the_recipe_adds_code_and_math_prompts_to_a_continuation_and_keeps_the_held_out_split(real_target, tmp_path):
     """Code prompts (both series) and math prompts (all three series) are answered into corpora of their own and
     train beside the ShareGPT samples: the features are read from the right corpus (a sample read from the wrong one
