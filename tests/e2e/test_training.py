@@ -2,7 +2,6 @@
 
 import datetime
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,7 +18,7 @@ from dspark.training import (
     tune_cpu_allocator,
     write_offline_features,
 )
-from tests.e2e.training_helpers import distributed_worker, tiny_trainer
+from tests.e2e.training_helpers import RECIPE_ANSWERS, distributed_worker, tiny_trainer, toy_recipe
 
 
 def test_anchors_are_answer_positions_followed_by_answer_tokens():
@@ -276,13 +275,9 @@ def test_the_recipe_at_toy_size_writes_a_drafter_that_records_its_run(real_targe
     from dspark.checkpoint import load_drafter
     from dspark.training import fastest_precision, train_default_drafter
 
-    answers = Path(__file__).resolve().parents[2] / "benchmarks" / "recipes" / "smollm2_drafter.answers.npz"
-    path = train_default_drafter(tmp_path / "drafter", corpus_samples=6, steps=2, num_draft_layers=1,
-                                 draft_vocab_size=256, held_out=2, eval_every=2, sequences_per_step=2,
-                                 num_anchors=4, answers=answers, work_dir=tmp_path / "work", calibrate=False,
-                                 progress=False)
+    path = train_default_drafter(tmp_path / "drafter", steps=2, **toy_recipe(work_dir=tmp_path / "work"))
     meta = json.loads((path / "config.json").read_text(encoding="utf-8"))["metadata"]
-    assert meta["run"]["arguments"]["answers"] == answers.name
+    assert meta["run"]["arguments"]["answers"] == RECIPE_ANSWERS.name
     # "auto" is recorded as given, and the precision it resolved to on this machine is what trained.
     assert meta["run"]["arguments"]["precision"] == "auto"
     assert meta["run"]["train_config"]["precision"] == fastest_precision("cpu")
@@ -297,10 +292,7 @@ def test_the_recipe_continues_a_drafter_it_wrote_and_refuses_one_trained_otherwi
     from dspark.checkpoint import load_drafter, save_drafter
     from dspark.training import train_default_drafter
 
-    answers = Path(__file__).resolve().parents[2] / "benchmarks" / "recipes" / "smollm2_drafter.answers.npz"
-    toy = dict(corpus_samples=6, num_draft_layers=1, draft_vocab_size=256, held_out=2, eval_every=2,
-               sequences_per_step=2, num_anchors=4, answers=answers, work_dir=tmp_path / "work", calibrate=False,
-               progress=False)
+    toy = toy_recipe(work_dir=tmp_path / "work")
     parent = train_default_drafter(tmp_path / "parent", steps=2, **toy)
     child = train_default_drafter(tmp_path / "child", steps=2, continue_from=parent, **toy)
     meta = json.loads((child / "config.json").read_text(encoding="utf-8"))["metadata"]
@@ -326,10 +318,7 @@ def test_averaging_continuations_writes_their_mean_scored_on_the_held_out_split(
     from dspark.checkpoint import SHARED, load_drafter
     from dspark.training import average_drafters, train_default_drafter
 
-    answers = Path(__file__).resolve().parents[2] / "benchmarks" / "recipes" / "smollm2_drafter.answers.npz"
-    toy = dict(corpus_samples=6, num_draft_layers=1, draft_vocab_size=256, held_out=2, eval_every=1,
-               sequences_per_step=2, num_anchors=4, answers=answers, work_dir=tmp_path / "work", calibrate=False,
-               progress=False)
+    toy = toy_recipe(work_dir=tmp_path / "work", eval_every=1)
     parent = train_default_drafter(tmp_path / "parent", steps=2, **toy)
     children = [train_default_drafter(tmp_path / f"child{i}", steps=1, continue_from=parent, **{**toy, "lr": lr})
                 for i, lr in enumerate((1e-2, 1e-3))]
@@ -365,10 +354,7 @@ def test_the_recipe_adds_code_and_math_prompts_to_a_continuation_and_keeps_the_h
     recorded."""
     from dspark.training import fastest_precision, train_default_drafter
 
-    answers = Path(__file__).resolve().parents[2] / "benchmarks" / "recipes" / "smollm2_drafter.answers.npz"
-    toy = dict(corpus_samples=6, num_draft_layers=1, draft_vocab_size=256, held_out=2, eval_every=2,
-               sequences_per_step=4, num_anchors=4, answers=answers, work_dir=tmp_path / "work", calibrate=False,
-               progress=False, max_new_tokens=192)
+    toy = toy_recipe(work_dir=tmp_path / "work", sequences_per_step=4, max_new_tokens=192)
     parent = train_default_drafter(tmp_path / "parent", steps=2, **toy)
     child = train_default_drafter(tmp_path / "child", steps=4, continue_from=parent, code_prompts=2, math_prompts=2,
                                   math2_prompts=2, math3_prompts=2, code2_prompts=2, **toy)
@@ -410,10 +396,7 @@ def test_the_recipe_samples_new_answers_to_the_sharegpt_training_prompts_only(re
     from dspark.data import load_training_prompts
     from dspark.training import fastest_precision, recipe_corpus_dir, sampled_corpus_dir, train_default_drafter
 
-    answers = Path(__file__).resolve().parents[2] / "benchmarks" / "recipes" / "smollm2_drafter.answers.npz"
-    toy = dict(corpus_samples=6, num_draft_layers=1, draft_vocab_size=256, held_out=2, eval_every=2,
-               sequences_per_step=4, num_anchors=4, answers=answers, work_dir=tmp_path / "work", calibrate=False,
-               progress=False, max_new_tokens=192)
+    toy = toy_recipe(work_dir=tmp_path / "work", sequences_per_step=4, max_new_tokens=192)
     parent = train_default_drafter(tmp_path / "parent", steps=2, **toy)
     child = train_default_drafter(tmp_path / "child", steps=2, continue_from=parent, sampled_prompts=4,
                                   sampled_temperature=1.0, **toy)
@@ -462,10 +445,7 @@ def test_the_recipe_rebuilds_code_and_math_corpora_from_their_archives_without_a
         train_default_drafter,
     )
 
-    answers = Path(__file__).resolve().parents[2] / "benchmarks" / "recipes" / "smollm2_drafter.answers.npz"
-    toy = dict(corpus_samples=6, num_draft_layers=1, draft_vocab_size=256, held_out=2, eval_every=2,
-               sequences_per_step=4, num_anchors=4, answers=answers, calibrate=False, progress=False,
-               max_new_tokens=192)
+    toy = toy_recipe(sequences_per_step=4, max_new_tokens=192)
     parent = train_default_drafter(tmp_path / "parent", steps=2, work_dir=tmp_path / "answered", **toy)
     pools = dict(code_prompts=2, math_prompts=3, math2_prompts=2, math3_prompts=2, code2_prompts=2)
     answered = train_default_drafter(tmp_path / "answered-child", steps=2, continue_from=parent,

@@ -1,12 +1,22 @@
 """A tiny on-policy training setup shared by the training tests (and their spawned ranks)."""
 
 import os
+from pathlib import Path
 
 import torch
 
 from dspark.decoding import SamplingConfig, generate
 from dspark.training import OnlineFeatures, Sample, TrainConfig, Trainer
 from tests.e2e.conftest import drafter_for, eagle3_for, tiny_target
+
+RECIPE_ANSWERS = Path(__file__).resolve().parents[2] / "benchmarks" / "recipes" / "smollm2_drafter.answers.npz"
+
+
+def toy_recipe(**changes) -> dict:
+    """train_default_drafter's arguments for a run of seconds: six of the committed ShareGPT answers (the last two
+    held out), one draft layer, a 256-token draft vocabulary, no calibration; ``changes`` override them."""
+    return dict(corpus_samples=6, num_draft_layers=1, draft_vocab_size=256, held_out=2, eval_every=2,
+                sequences_per_step=2, num_anchors=4, answers=RECIPE_ANSWERS, calibrate=False, progress=False) | changes
 
 
 def tiny_samples(target, count=8, prompt_len=8, answer_len=24, seed=0):
