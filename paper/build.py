@@ -1752,62 +1752,80 @@ def _doublings_to(last: dict, goal: float, per_doubling: float, seconds: float |
 
 
 def generalization_bullet(result: dict) -> str:
-    """§7's bullet on how much better the drafters predict their training sequences than held-out ones."""
-    def scores(row: dict) -> str:
-        held, train = row["held_out"], row["train"]
-        pools = [f"{num(row[f'{pool}_train']['tau_prob'])} on {POOLS[pool]}" for pool in POOLS
-                 if f"{pool}_train" in row]
-        return (f"τ_prob {num(train['tau_prob'])} on ShareGPT training sequences against {num(held['tau_prob'])} on "
-                f"held-out ones (CE {num(train['ce'], '.2f')} against {num(held['ce'], '.2f')})"
-                + (f", and {listing(pools)} it trained on" if pools else ""))
-
+    """§7's bullet on how much better the drafters predict their training sequences than held-out ones, with a
+    table of every drafter measured: the shipped one first, then its parent, its continuations and means of
+    weights."""
     first, *others = result["rows"]
+    held, train = first["held_out"], first["train"]
+    pools = [f"{num(first[f'{pool}_train']['tau_prob'])} on {POOLS[pool]}" for pool in POOLS
+             if f"{pool}_train" in first]
     text = (f"- **The drafter fits what it saw far better than what it did not.** With training's own evaluation "
             f"(`benchmarks/bench_generalization.py`: {num(result['samples'], 'd')} sequences a group, fixed "
-            f"anchors), the {num(first['steps'], 'd')}-step DSpark drafter scores {scores(first)}. It has "
-            "capacity to spare for its data, which it has seen many times over: more distinct data is what "
-            "should raise acceptance, not a larger drafter.")
-    for row in others:
-        how = f" with dropout {num(row['dropout'], 'g')}" if row.get("dropout") else \
-            " with sampled answers" if row.get("sampled_prompts") else ""
-        text += f" At {num(row['steps'], 'd')} steps{how}: {scores(row)}."
+            f"anchors), the {num(first['steps'], 'd')}-step DSpark drafter scores τ_prob {num(train['tau_prob'])} "
+            f"on ShareGPT training sequences against {num(held['tau_prob'])} on held-out ones (CE "
+            f"{num(train['ce'], '.2f')} against {num(held['ce'], '.2f')})"
+            + (f", and {listing(pools)} it trained on" if pools else "") + ". It has capacity to spare for its "
+            "data, which it has seen many times over. Each continuation below restarts the learning-rate schedule "
+            "(warm-up, then cosine) from the shipped drafter's weights; the last column follows held-out τ_prob "
+            "over that run, as training recorded it (start → lowest, at its step → end).\n")
+    number = {row["drafter"]: i for i, row in enumerate(result["rows"], 1)}
 
-    def path(curve: list[dict]) -> str:
-        low = min(curve, key=lambda c: c["tau_prob"])
-        return (f"from {num(curve[0]['tau_prob'])} through {num(low['tau_prob'])} at step {num(low['step'], 'd')} "
-                f"to {num(curve[-1]['tau_prob'])}")
-
-    # Rows with more steps than the shipped drafter (the first) are its continuations that were not shipped.
-    parent_told = False
-    for row in (r for r in others if r["steps"] > first["steps"]):
-        gap, gap_then = (r["train"]["tau_prob"] - r["held_out"]["tau_prob"] for r in (row, first))
-        held, held_then = row["held_out"]["tau_prob"], first["held_out"]["tau_prob"]
-        more = num(row["steps"] - first["steps"], "d")
+    def last_run(row: dict) -> str:
+        if row.get("average_of"):
+            return "mean of the weights of " + listing([f"#{number[name]}" if name in number else f"`{name}`"
+                                                       for name in row["average_of"]])
+        if row is first:
+            return "shipped"
+        if row["steps"] < first["steps"]:
+            return "its parent"
+        parts = [f"{num(row['steps'] - first['steps'], 'd')} steps more"]
         if row.get("dropout"):
-            if held > held_then and gap < gap_then:
-                verdict = "narrowed the gap and raised held-out τ_prob"
-            else:
-                verdict = "neither narrowed the gap nor raised held-out τ_prob, so that drafter was not shipped"
-            text += (f" Dropout {num(row['dropout'], 'g')} over {more} more steps (a τ_prob gap of {num(gap)} "
-                     f"against {num(gap_then)}) {verdict}.")
-            how = "with dropout"
-        elif row.get("sampled_prompts"):
-            # A second seed of the recipe moves held-out τ_prob by about 0.01 (the ablations): less is noise.
-            change = "left held-out τ_prob where it was" if abs(held - held_then) < 0.01 else \
-                "raised held-out τ_prob" if held > held_then else "lowered held-out τ_prob"
-            gap_change = "narrowed" if gap < gap_then else "widened"
-            text += (f" New text instead: {num(row['sampled_prompts'], 'd')} of the ShareGPT training prompts answered "
-                     f"again, sampled at temperature {num(row['sampled_temperature'], 'g')}, and {more} more steps "
-                     f"with those answers added {gap_change} the gap ({num(gap)} against {num(gap_then)}) and "
-                     f"{change} ({num(held)} against {num(held_then)}), so that drafter was not shipped.")
-            how = "with the sampled answers"
-        else:
-            continue
-        if row.get("last_run_curve") and first.get("last_run_curve"):
-            text += (f" Over that run {how} (its learning rate warmed up again) held-out τ_prob went "
-                     f"{path(row['last_run_curve'])}")
-            text += "." if parent_told else f"; over its parent's own last run it went {path(first['last_run_curve'])}."
-            parent_told = True
+            parts.append(f"dropout {num(row['dropout'], 'g')}")
+        if row.get("sampled_prompts"):
+            parts.append(f"{num(row['sampled_prompts'], 'd')} sampled answers (T = "
+                         f"{num(row['sampled_temperature'], 'g')})")
+        if row.get("lr") != first.get("lr"):
+            parts.append(f"peak learning rate {num(row['lr'], 'g')}")
+        return ", ".join(parts)
+
+    def path(row: dict) -> str:
+        curve = row.get("last_run_curve")
+        if not curve or row.get("average_of"):
+            return "–"
+        low = min(curve, key=lambda c: c["tau_prob"])
+        return (f"{num(curve[0]['tau_prob'])} → {num(low['tau_prob'])} ({num(low['step'], 'd')}) → "
+                f"{num(curve[-1]['tau_prob'])}")
+
+    lines = ["| # | drafter | its last run | held-out τ_prob | training τ_prob | gap | held-out CE | "
+             "held-out τ_prob over its last run |", "|---|---|---|---|---|---|---|---|"]
+    for row in result["rows"]:
+        gap = row["train"]["tau_prob"] - row["held_out"]["tau_prob"]
+        lines.append(f"| {number[row['drafter']]} | `{row['drafter']}` | {last_run(row)} | "
+                     f"{num(row['held_out']['tau_prob'])} | {num(row['train']['tau_prob'])} | {num(gap)} | "
+                     f"{num(row['held_out']['ce'], '.2f')} | {path(row)} |")
+    text += "\n" + "\n".join(lines) + "\n"
+
+    # A second seed of the recipe moves held-out τ_prob by about 0.01 (the ablations): less is noise.
+    def change(row: dict, than: float) -> str:
+        held = row["held_out"]["tau_prob"]
+        return "left held-out τ_prob where it was" if abs(held - than) < 0.01 else \
+            "raised held-out τ_prob" if held > than else "lowered held-out τ_prob"
+
+    held_then = first["held_out"]["tau_prob"]
+    continued = [r for r in others if r["steps"] > first["steps"] and not r.get("average_of")]
+    if continued:
+        told = [f"#{number[r['drafter']]} {change(r, held_then)} ({num(r['held_out']['tau_prob'])})"
+                for r in continued]
+        text += (f"\nAgainst the shipped drafter's {num(held_then)}: {listing(told)}. Dropout and new sampled text "
+                 "(the ShareGPT training prompts answered again at a temperature) aim at the gap; a lower peak "
+                 "learning rate aims at the dip that each restarted schedule opens first.")
+    for row in (r for r in others if r.get("average_of")):
+        ingredients = [r for r in result["rows"] if r["drafter"] in row["average_of"]]
+        best = max(r["held_out"]["tau_prob"] for r in ingredients)
+        held = row["held_out"]["tau_prob"]
+        place = "within seed noise of" if abs(held - best) < 0.01 else "above" if held > best else "below"
+        text += (f" Averaging weights (#{number[row['drafter']]}, `python -m dspark average`), which costs no "
+                 f"training, scored {place} the best of its ingredients ({num(held)} against {num(best)}).")
     return text
 
 

@@ -130,6 +130,29 @@ def test_continuations_are_described_run_by_run():
     assert rates.startswith(" Its first 4000 steps were the recipe's;")
 
 
+def test_the_generalization_table_names_each_run_and_a_mean_s_ingredients():
+    def row(name: str, steps: int, held: float, **extra) -> dict:
+        curve = [{"step": steps - 4000, "tau_prob": 2.14}, {"step": steps - 2000, "tau_prob": 2.09},
+                 {"step": steps, "tau_prob": held}]
+        return {"drafter": name, "steps": steps, "lr": 3e-4, "held_out": {"tau_prob": held, "ce": 3.2},
+                "train": {"tau_prob": 2.7, "ce": 2.6}, "last_run_curve": curve, **extra}
+
+    result = {"samples": 48, "rows": [
+        row("shipped", 61000, 2.14), row("parent", 57000, 2.11),
+        row("slow", 67000, 2.16, lr=1e-4, sampled_prompts=4096, sampled_temperature=0.7),
+        row("noisy", 65000, 2.145, dropout=0.1),
+        row("mean", 67000, 2.19, average_of=["shipped", "slow", "elsewhere"])]}
+    text = builder.generalization_bullet(result)
+    assert "| 1 | `shipped` | shipped | 2.140 | 2.700 | 0.560 | 3.20 | 2.140 → 2.090 (59000) → 2.140 |" in text
+    assert "| 2 | `parent` | its parent |" in text
+    assert "| 3 | `slow` | 6000 steps more, 4096 sampled answers (T = 0.7), peak learning rate 0.0001 |" in text
+    assert "| 4 | `noisy` | 4000 steps more, dropout 0.1 |" in text
+    # A mean has no curve of its own; an ingredient outside the table is named by its directory.
+    assert "| 5 | `mean` | mean of the weights of #1, #3 and `elsewhere` | 2.190 | 2.700 | 0.510 | 3.20 | – |" in text
+    assert "#3 raised held-out τ_prob (2.160) and #4 left held-out τ_prob where it was (2.145)" in text
+    assert "which costs no training, scored above the best of its ingredients (2.190 against 2.160)" in text
+
+
 def test_a_continuation_that_added_prompt_pools_says_so_and_from_which_step():
     plain = _continued([4000, 2000], [1e-3, 5e-4])
     assert "over the same sequences (" in builder.continuation_sentence(plain)
