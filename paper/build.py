@@ -1826,6 +1826,10 @@ def generalization_bullet(result: dict) -> str:
         place = "within seed noise of" if abs(held - best) < 0.01 else "above" if held > best else "below"
         text += (f" Averaging weights (#{number[row['drafter']]}, `python -m dspark average`), which costs no "
                  f"training, scored {place} the best of its ingredients ({num(held)} against {num(best)}).")
+    gain = max((r["held_out"]["tau_prob"] for r in others if r["steps"] > first["steps"]), default=None)
+    if gain is not None and gain - held_then < 0.03:  # three times the spread between seeds
+        text += (f" None of them was shipped: the best lies {num(gain - held_then)} above the shipped drafter, close "
+                 "to the spread between seeds (§2) and too little to tell apart in decoding.")
     return text
 
 
