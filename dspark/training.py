@@ -1141,14 +1141,16 @@ def average_drafters(directories: list[str | os.PathLike], output_dir: str | os.
     """Write the mean of the weights of recipe drafters that continued one parent (a "model soup").
 
     Continuations of one drafter stay close to it (a 4,000-step continuation moves each weight matrix by about a
-    tenth of its norm), so their mean is itself a drafter, and it tends to predict held-out text better than
-    each of them: averaging keeps what the runs learned in common and cancels part of what each fitted to its own
-    batches. The drafters must share shape, draft vocabulary, objective and held-out split, so that the mean is
-    scored on sequences none of them trained on: its held-out τ_prob, CE and slot accuracies (training's
-    evaluation) are recorded as ``final``, and each ingredient's own under ``average_of``. The confidence head
-    is averaged too, and with ``calibrate`` its STS temperatures are fitted again on held-out decoding, since
-    each ingredient's fit its own head. Written in bf16 without the shared weights, as training writes.
-    Raises ``ValueError`` for fewer than two drafters or drafters that differ in any of that.
+    tenth of its norm), so their mean is itself a drafter, and it may predict held-out text better than each of
+    them: averaging keeps what the runs learned in common and cancels part of what each fitted to its own
+    batches (for the shipped drafter's continuations it scored within seed noise of the best; paper §7). The
+    drafters must share shape, draft vocabulary, objective and held-out split, so that the mean is scored on
+    sequences none of them trained on: its held-out τ_prob, CE and slot accuracies (training's evaluation) are
+    recorded as ``final``, each ingredient's own under ``average_of``, and ``steps`` is the most any ingredient
+    took. The confidence head is averaged too; with ``calibrate`` its STS temperatures are fitted again on
+    held-out decoding, since each ingredient's fit its own head (without it they are the ingredients' mean).
+    Written in bf16 without the shared weights, as training writes. Raises ``ValueError`` for fewer than two
+    drafters or drafters that differ in any of that.
     """
     from dspark.checkpoint import SHARED, save_drafter
     from dspark.target import load_default_target
