@@ -5,7 +5,8 @@ is run on the recipe's ShareGPT corpus and pools: the held-out sequences (the hi
 training evaluates on), ``--samples`` training sequences spread evenly over the rest, and the first ``--samples``
 of each extra prompt pool the drafter trained on (all of which train). A large gap between the first two means
 the drafter memorises its data, which more data or regularisation (the recipe's ``dropout``) addresses; no gap
-would mean it is too small to fit even what it saw.
+would mean it is too small to fit even what it saw. A mean of drafters' weights (``python -m dspark average``) is
+measured like any drafter, on every pool one of its ingredients trained on.
 
 The corpora are read from the recipe's cache: run the recipe's config first (``python -m dspark train --config
 benchmarks/recipes/<pass>.json``), which answers or rebuilds them. Writes ``generalization_cpu.json``.
