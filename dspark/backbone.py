@@ -11,6 +11,7 @@ Parameter names follow the speculators checkpoint layout (method.md §10) so exp
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -205,6 +206,24 @@ class BlockBackbone(nn.Module):
         check_tensor("lm_head_weight", lm_head_weight, shape=tuple(self.lm_head.weight.shape), floating=True)
         self.embed_tokens.weight.copy_(embed_weight)
         self.lm_head.weight.copy_(lm_head_weight)
+
+    @torch.no_grad()
+    def grow(self, num_draft_layers: int) -> None:
+        """Stack layers on top until there are ``num_draft_layers``, without changing what the drafter computes.
+
+        Each new layer is a copy of the current top layer with its attention and MLP output projections
+        (``o_proj``, ``down_proj``) zeroed, so both residual branches add nothing until training moves those
+        weights; its query, key, value and MLP input weights start as trained features rather than noise.
+        """
+        current = len(self.layers)
+        if num_draft_layers < current:
+            raise ValueError(f"a drafter of {current} layers cannot grow to {num_draft_layers}")
+        for _ in range(num_draft_layers - current):
+            layer = copy.deepcopy(self.layers[-1])
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+            self.layers.append(layer)
+        self.config.num_draft_layers = num_draft_layers
 
     def block_ids(self, anchor_ids: torch.Tensor) -> torch.Tensor:
         """``[..., γ]`` input ids ``[anchor, mask, …, mask]`` for anchors ``[...]``."""

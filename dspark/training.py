@@ -905,12 +905,14 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     The defaults are the committed recipe (``benchmarks/recipes/smollm2_drafter.json``); ``corpus_samples=None``
     answers the whole prompt pool (about 7,700 prompts, two to three hours on 2 cores).
 
-    ``continue_from`` (a drafter this function wrote with the same objective, data and shape) trains that
-    drafter further instead of a new one (it may add code or math prompts to the parent's data, the ShareGPT part
-    being the same): its weights are loaded (the optimiser's state starts empty), the
+    ``continue_from`` (a drafter this function wrote with the same objective, data and shape, or fewer layers)
+    trains that drafter further instead of a new one (it may add code or math prompts to the parent's data, the
+    ShareGPT part being the same): its weights are loaded (the optimiser's state starts empty), the
     learning-rate schedule starts over (warm-up, then cosine over ``steps`` at ``lr``), and the data order and
     anchors pick up where its training stopped, so no step repeats a block it was trained on
     (:attr:`TrainConfig.step_offset`). The metadata keeps the earlier run (``run.parent``) and one curve over both.
+    A ``num_draft_layers`` above the parent's grows it first (:meth:`dspark.backbone.BlockBackbone.grow`): the
+    layers added on top start out adding nothing, so the run starts from the parent's predictions.
 
     ``objective="eagle3"`` drafts the full vocabulary (its chain head has no reduced-vocabulary form), so
     ``draft_vocab_size`` does not apply to it. The drafter is written to ``output_dir`` in bf16 without the
@@ -1071,7 +1073,7 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
                         "threads": torch.get_num_threads()}}
     if parent is not None:
         metadata["run"]["parent"] = {"directory": parent["directory"], "steps": parent["steps"],
-                                     "final": parent["final"], "run": parent["run"]}
+                                     "layers": parent["layers"], "final": parent["final"], "run": parent["run"]}
     if is_dspark and calibrate:
         t0 = time.perf_counter()
         metadata["sts"] = calibrate_on_samples(target, trainer.drafter.eval(), trainer.held_out,
@@ -1097,15 +1099,19 @@ def _load_parent(directory: str | os.PathLike, drafter, target, **expected) -> d
     if differ:
         raise ValueError(f"{directory} was trained otherwise (recorded, asked): {differ}")
     loaded = load_drafter(directory, target)
-    if loaded.config.to_dict() != drafter.config.to_dict():
+    layers = drafter.config.num_draft_layers
+    if dict(loaded.config.to_dict(), num_draft_layers=layers) != drafter.config.to_dict() \
+            or loaded.config.num_draft_layers > layers:
         raise ValueError(f"{directory} has another shape than the drafter asked for: continue it with its own "
-                         "layers, block size and Markov rank")
+                         "block size and Markov rank, and at least its number of layers")
+    grown_from = loaded.config.num_draft_layers
+    loaded.grow(layers)
     if drafter.reduced_vocab and not torch.equal(loaded.draft_to_target, drafter.draft_to_target):
         raise ValueError(f"{directory} drafts another vocabulary than this data gives")
     drafter.load_state_dict(loaded.state_dict())
     digest = hashlib.sha256((directory / "model.safetensors").read_bytes()).hexdigest()[:12]
     return {"directory": directory.name, "steps": int(meta["steps"]), "final": meta.get("final", {}),
-            "curve": meta.get("curve", []), "run": meta["run"], "digest": digest}
+            "curve": meta.get("curve", []), "run": meta["run"], "digest": digest, "layers": grown_from}
 
 
 def recipe_sharegpt_split(arguments: dict, precision: str,
