@@ -308,7 +308,13 @@ def test_the_recipe_continues_a_drafter_it_wrote_and_refuses_one_trained_otherwi
     with pytest.raises(ValueError, match="trained otherwise"):
         train_default_drafter(tmp_path / "other", steps=2, continue_from=parent, **{**toy, "objective": "dflash"})
     with pytest.raises(ValueError, match="another shape"):
-        train_default_drafter(tmp_path / "other", steps=2, continue_from=parent, **{**toy, "num_draft_layers": 2})
+        train_default_drafter(tmp_path / "other", steps=2, continue_from=parent, **{**toy, "block_size": 5})
+    # More layers grow the parent; fewer would throw trained layers away.
+    grown = train_default_drafter(tmp_path / "grown", steps=2, continue_from=parent, **{**toy, "num_draft_layers": 2})
+    meta = json.loads((grown / "config.json").read_text(encoding="utf-8"))["metadata"]
+    assert meta["run"]["parent"]["layers"] == 1 and load_drafter(grown, real_target).config.num_draft_layers == 2
+    with pytest.raises(ValueError, match="another shape"):
+        train_default_drafter(tmp_path / "other", steps=2, continue_from=grown, **toy)
     bare = save_drafter(load_drafter(parent, real_target), tmp_path / "bare")  # the weights without their record
     with pytest.raises(ValueError, match="no training record"):
         train_default_drafter(tmp_path / "other", steps=2, continue_from=bare, **toy)

@@ -136,6 +136,35 @@ def test_float32_forward_close_to_float64_reference():
     assert_close(h32, want, rtol=2e-5, atol=2e-5, name="fp32 hidden")
 
 
+def test_growing_keeps_the_drafter_s_outputs_and_trains_the_new_layers():
+    """A drafter grown by layers drafts exactly what it drafted before, in training and cached layouts, and the
+    zeroed output projections of the new layers receive gradients, so training can bring the new layers in."""
+    config = tiny_config(num_draft_layers=1, markov_head_type="gated", confidence_head_with_markov=True)
+    model = randomize_(DSparkDrafter(config), 11).double()
+    features, anchor_ids, anchor_pos = feature_inputs(config, 2, 6, 3, 11)
+    next_ids = torch.randint(0, config.vocab_size, (2, 3, config.block_size - 1),
+                             generator=torch.Generator().manual_seed(12))
+    cache = model.new_cache(2, dtype=torch.float64)
+    model.extend_cache(cache, features, torch.tensor([6, 4]))
+    with torch.no_grad():
+        before = model.training_logits(anchor_ids, anchor_pos, features, next_ids)
+        cached_before = model.forward_cached(anchor_ids[:, 0], cache)
+    model.grow(3)
+    assert model.config.num_draft_layers == 3 and len(model.layers) == 3
+    cache = model.new_cache(2, dtype=torch.float64)
+    model.extend_cache(cache, features, torch.tensor([6, 4]))
+    after = model.training_logits(anchor_ids, anchor_pos, features, next_ids)
+    with torch.no_grad():
+        assert torch.equal(model.forward_cached(anchor_ids[:, 0], cache), cached_before)
+    assert torch.equal(after[0].detach(), before[0]) and torch.equal(after[1].detach(), before[1])
+    after[0].square().mean().backward()
+    for name in ("layers.1.self_attn.o_proj.weight", "layers.2.mlp.down_proj.weight"):
+        grad = dict(model.named_parameters())[name].grad
+        assert grad is not None and bool(grad.abs().gt(0).any()), f"{name} gets no gradient"
+    with pytest.raises(ValueError, match="cannot grow to 2"):
+        model.grow(2)
+
+
 def test_speculators_parameter_names():
     model = DSparkDrafter(tiny_config(markov_head_type="rnn"))
     names = set(model.state_dict())
