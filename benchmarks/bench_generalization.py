@@ -89,7 +89,7 @@ def measure(target, directory: Path, count: int) -> dict:
         raise SystemExit(str(error)) from None
     drafter = load_drafter(directory, target)
     row = {"drafter": directory.name, "steps": meta.get("steps"), "lr": arguments.get("lr"),
-           "dropout": arguments.get("dropout", 0.0),
+           "layers": drafter.config.num_draft_layers, "dropout": arguments.get("dropout", 0.0),
            "sampled_prompts": arguments.get("sampled_prompts", 0),
            "sampled_temperature": arguments.get("sampled_temperature") if arguments.get("sampled_prompts") else None,
            "average_of": [a["directory"] for a in meta.get("average_of", [])],

@@ -1779,6 +1779,8 @@ def generalization_bullet(result: dict) -> str:
         if row["steps"] < first["steps"]:
             return "its parent"
         parts = [f"{num(row['steps'] - first['steps'], 'd')} steps more"]
+        if row.get("layers", first.get("layers")) != first.get("layers"):
+            parts.append(f"grown to {num(row['layers'], 'd')} layers")
         if row.get("dropout"):
             parts.append(f"dropout {num(row['dropout'], 'g')}")
         if row.get("sampled_prompts"):

@@ -138,10 +138,11 @@ def test_the_generalization_table_names_each_run_and_a_mean_s_ingredients():
                 "train": {"tau_prob": 2.7, "ce": 2.6}, "last_run_curve": curve, **extra}
 
     result = {"samples": 48, "rows": [
-        row("shipped", 61000, 2.14), row("parent", 57000, 2.11),
+        row("shipped", 61000, 2.14, layers=2), row("parent", 57000, 2.11, layers=2),
         row("slow", 67000, 2.16, lr=1e-4, sampled_prompts=4096, sampled_temperature=0.7),
         row("noisy", 65000, 2.145, dropout=0.1),
-        row("mean", 67000, 2.19, average_of=["shipped", "slow", "elsewhere"])]}
+        row("mean", 67000, 2.19, average_of=["shipped", "slow", "elsewhere"]),
+        row("deep", 65000, 2.13, layers=3, lr=2e-4)]}
     text = builder.generalization_bullet(result)
     assert "| 1 | `shipped` | shipped | 2.140 | 2.700 | 0.560 | 3.20 | 2.140 → 2.090 (59000) → 2.140 |" in text
     assert "| 2 | `parent` | its parent |" in text
@@ -149,7 +150,9 @@ def test_the_generalization_table_names_each_run_and_a_mean_s_ingredients():
     assert "| 4 | `noisy` | 4000 steps more, dropout 0.1 |" in text
     # A mean has no curve of its own; an ingredient outside the table is named by its directory.
     assert "| 5 | `mean` | mean of the weights of #1, #3 and `elsewhere` | 2.190 | 2.700 | 0.510 | 3.20 | – |" in text
-    assert "#3 raised held-out τ_prob (2.160) and #4 left held-out τ_prob where it was (2.145)" in text
+    assert "| 6 | `deep` | 4000 steps more, grown to 3 layers, peak learning rate 0.0002 |" in text
+    assert "#3 raised held-out τ_prob (2.160), #4 left held-out τ_prob where it was (2.145) and #6 lowered " \
+           "held-out τ_prob (2.130)" in text
     assert "which costs no training, scored above the best of its ingredients (2.190 against 2.160)" in text
 
 
