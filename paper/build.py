@@ -1820,7 +1820,11 @@ def generalization_bullet(result: dict) -> str:
                 for r in continued]
         text += (f"\nAgainst the shipped drafter's {num(held_then)}: {listing(told)}. Dropout and new sampled text "
                  "(the ShareGPT training prompts answered again at a temperature) aim at the gap; a lower peak "
-                 "learning rate aims at the dip that each restarted schedule opens first.")
+                 "learning rate aims at the dip that each restarted schedule opens first")
+        grown = [r for r in continued if r.get("layers", first.get("layers")) != first.get("layers")]
+        text += ("; layers grown on top aim at capacity (copies of the top layer whose output projections start at "
+                 "zero, so the run starts from the shipped drafter's predictions: "
+                 "`BlockBackbone.grow`).") if grown else "."
     for row in (r for r in others if r.get("average_of")):
         ingredients = [r for r in result["rows"] if r["drafter"] in row["average_of"]]
         best = max(r["held_out"]["tau_prob"] for r in ingredients)

@@ -153,6 +153,7 @@ def test_the_generalization_table_names_each_run_and_a_mean_s_ingredients():
     assert "| 6 | `deep` | 4000 steps more, grown to 3 layers, peak learning rate 0.0002 |" in text
     assert "#3 raised held-out τ_prob (2.160), #4 left held-out τ_prob where it was (2.145) and #6 lowered " \
            "held-out τ_prob (2.130)" in text
+    assert "; layers grown on top aim at capacity (" in text
     assert "which costs no training, scored above the best of its ingredients (2.190 against 2.160)" in text
 
 
