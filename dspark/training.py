@@ -924,6 +924,7 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     from dspark.target import cache_root, load_default_target
 
     clock: dict[str, float] = {}
+    commit = source_commit()  # the code that trains, not whatever is checked out when the run ends an hour later
     work = Path(work_dir) if work_dir else cache_root() / "training"
     t0 = time.perf_counter()
     if precision not in ("auto", "fp32", "bf16"):
@@ -1069,7 +1070,7 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
                 "train_answer_tokens": int(sum(int(s.loss_mask.sum()) for s in train)),
                 "final": trainer.history[-1] if trainer.history else {}, "vocab": vocab_report,
                 "curve": curve,
-                "run": {"arguments": arguments, "train_config": asdict(train_config), "commit": source_commit(),
+                "run": {"arguments": arguments, "train_config": asdict(train_config), "commit": commit,
                         "threads": torch.get_num_threads()}}
     if parent is not None:
         metadata["run"]["parent"] = {"directory": parent["directory"], "steps": parent["steps"],
