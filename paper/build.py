@@ -1825,6 +1825,18 @@ def generalization_bullet(result: dict) -> str:
         text += ("; layers grown on top aim at capacity (copies of the top layer whose output projections start at "
                  "zero, so the run starts from the shipped drafter's predictions: "
                  "`BlockBackbone.grow`).") if grown else "."
+        for row in grown:
+            same = ("steps", "dropout", "sampled_prompts")
+            twins = [r for r in continued if r not in grown and all(r.get(k) == row.get(k) for k in same)]
+            if twins:
+                twin = twins[0]
+                held, twin_held = row["held_out"]["tau_prob"], twin["held_out"]["tau_prob"]
+                level = "level with" if abs(held - twin_held) < 0.01 else "above" if held > twin_held else "below"
+                text += (f" The drafter grown to {num(row['layers'], 'd')} layers (#{number[row['drafter']]}) ends "
+                         f"{level} #{number[twin['drafter']]}, the same data and length with "
+                         f"{num(first['layers'], 'd')} layers (held-out τ_prob {num(held)} against "
+                         f"{num(twin_held)}, training τ_prob {num(row['train']['tau_prob'])} against "
+                         f"{num(twin['train']['tau_prob'])}).")
     for row in (r for r in others if r.get("average_of")):
         ingredients = [r for r in result["rows"] if r["drafter"] in row["average_of"]]
         best = max(r["held_out"]["tau_prob"] for r in ingredients)
