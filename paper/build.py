@@ -1832,9 +1832,11 @@ def generalization_bullet(result: dict) -> str:
                 twin = twins[0]
                 held, twin_held = row["held_out"]["tau_prob"], twin["held_out"]["tau_prob"]
                 level = "level with" if abs(held - twin_held) < 0.01 else "above" if held > twin_held else "below"
+                rates = "" if row.get("lr") == twin.get("lr") else \
+                    f" at a peak learning rate of {num(twin['lr'], 'g')} instead of {num(row['lr'], 'g')}"
                 text += (f" The drafter grown to {num(row['layers'], 'd')} layers (#{number[row['drafter']]}) ends "
                          f"{level} #{number[twin['drafter']]}, the same data and length with "
-                         f"{num(first['layers'], 'd')} layers (held-out τ_prob {num(held)} against "
+                         f"{num(first['layers'], 'd')} layers{rates} (held-out τ_prob {num(held)} against "
                          f"{num(twin_held)}, training τ_prob {num(row['train']['tau_prob'])} against "
                          f"{num(twin['train']['tau_prob'])}).")
     for row in (r for r in others if r.get("average_of")):

@@ -155,8 +155,9 @@ def test_the_generalization_table_names_each_run_and_a_mean_s_ingredients():
            "held-out τ_prob where it was (2.146)" in text
     assert "; layers grown on top aim at capacity (" in text
     # The grown drafter is set beside the continuation with its data and length: #4 (dropout 0.1, 4000 steps).
-    assert "The drafter grown to 3 layers (#6) ends level with #4, the same data and length with 2 layers " \
-           "(held-out τ_prob 2.146 against 2.145, training τ_prob 2.700 against 2.700)." in text
+    assert "The drafter grown to 3 layers (#6) ends level with #4, the same data and length with 2 layers at a " \
+           "peak learning rate of 0.0003 instead of 0.0002 (held-out τ_prob 2.146 against 2.145, training τ_prob " \
+           "2.700 against 2.700)." in text
     assert "which costs no training, scored above the best of its ingredients (2.190 against 2.160)" in text
 
 
