@@ -98,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
                        help="dspark objective: the L1 (distribution-matching) term's weight (default 0.9)")
     train.add_argument("--continue-from", default=None,
                        help="a drafter directory this command wrote (same objective and data): train it further, "
-                            "the learning-rate schedule starting over and the data picking up where it stopped")
+                            "the learning-rate schedule starting over and the data picking up where it stopped; "
+                            "with more --layers than it has, layers that start out adding nothing are stacked on top")
     train.add_argument("--output", default=None, help="default: the cache the demo reads")
     average = sub.add_parser("average", help="average the weights of drafters that continued one parent")
     average.add_argument("drafters", nargs="+",
