@@ -161,6 +161,22 @@ def test_the_generalization_table_names_each_run_and_a_mean_s_ingredients():
     assert "which costs no training, scored above the best of its ingredients (2.190 against 2.160)" in text
 
 
+def test_the_limits_say_whether_a_grown_layer_paid():
+    def row(name: str, steps: int, held: float, layers: int, **extra) -> dict:
+        return {"drafter": name, "steps": steps, "layers": layers, "held_out": {"tau_prob": held}, **extra}
+
+    shipped = row("shipped", 61000, 2.14, 2)
+    assert builder.grown_sentence(None) == ""
+    assert builder.grown_sentence({"rows": [shipped, row("longer", 65000, 2.15, 2)]}) == ""
+    flat = builder.grown_sentence({"rows": [shipped, row("deep", 65000, 2.146, 3),
+                                            row("mean", 65000, 2.2, 3, average_of=["deep", "shipped"])]})
+    assert flat == (" Growing layers onto the shipped drafter did not pay: at 3 layers and 4000 steps more it reached "
+                    "held-out τ_prob 2.146 against 2.140 (below), so more layers would mean training from scratch as "
+                    "well.")
+    # A gain of three seeds' spread (0.03) is a result, not a limit: the sentence is left out.
+    assert builder.grown_sentence({"rows": [shipped, row("deep", 65000, 2.18, 3)]}) == ""
+
+
 def test_a_continuation_that_added_prompt_pools_says_so_and_from_which_step():
     plain = _continued([4000, 2000], [1e-3, 5e-4])
     assert "over the same sequences (" in builder.continuation_sentence(plain)
