@@ -1859,7 +1859,7 @@ def grown_sentence(general: dict | None) -> str:
     if general is None:
         return ""
     first, *others = general["rows"]
-    grown = [r for r in others if r.get("layers", first.get("layers")) > first.get("layers", 0)
+    grown = [r for r in others if r.get("layers", first.get("layers")) != first.get("layers")
              and not r.get("average_of")]
     if not grown:
         return ""
