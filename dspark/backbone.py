@@ -12,7 +12,7 @@ Parameter names follow the speculators checkpoint layout (method.md §10) so exp
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -223,7 +223,8 @@ class BlockBackbone(nn.Module):
             layer.self_attn.o_proj.weight.zero_()
             layer.mlp.down_proj.weight.zero_()
             self.layers.append(layer)
-        self.config.num_draft_layers = num_draft_layers
+        # A new config: the old one may be shared with other drafters, which keep their layers.
+        self.config = replace(self.config, num_draft_layers=num_draft_layers)
 
     def block_ids(self, anchor_ids: torch.Tensor) -> torch.Tensor:
         """``[..., γ]`` input ids ``[anchor, mask, …, mask]`` for anchors ``[...]``."""

@@ -1751,6 +1751,16 @@ def _doublings_to(last: dict, goal: float, per_doubling: float, seconds: float |
             f"more doublings, some {num(tokens / 1e6, '.0f')} M answer tokens seen{pace}.")
 
 
+SEED_SPREAD = 0.01
+"""How far a second seed of the recipe moves held-out τ_prob (the ablations): a smaller change is noise, and a
+continuation is worth shipping from three times this."""
+
+
+def grew(row: dict, first: dict) -> bool:
+    """Whether the generalization ``row`` is a drafter with another number of layers than the shipped ``first``."""
+    return row.get("layers", first.get("layers")) != first.get("layers")
+
+
 def generalization_bullet(result: dict) -> str:
     """§7's bullet on how much better the drafters predict their training sequences than held-out ones, with a
     table of every drafter measured: the shipped one first, then its parent, its continuations and means of
@@ -1779,7 +1789,7 @@ def generalization_bullet(result: dict) -> str:
         if row["steps"] < first["steps"]:
             return "its parent"
         parts = [f"{num(row['steps'] - first['steps'], 'd')} steps more"]
-        if row.get("layers", first.get("layers")) != first.get("layers"):
+        if grew(row, first):
             parts.append(f"grown to {num(row['layers'], 'd')} layers")
         if row.get("dropout"):
             parts.append(f"dropout {num(row['dropout'], 'g')}")
@@ -1807,10 +1817,9 @@ def generalization_bullet(result: dict) -> str:
                      f"{num(row['held_out']['ce'], '.2f')} | {path(row)} |")
     text += "\n" + "\n".join(lines) + "\n"
 
-    # A second seed of the recipe moves held-out τ_prob by about 0.01 (the ablations): less is noise.
     def change(row: dict, than: float) -> str:
         held = row["held_out"]["tau_prob"]
-        return "left held-out τ_prob where it was" if abs(held - than) < 0.01 else \
+        return "left held-out τ_prob where it was" if abs(held - than) < SEED_SPREAD else \
             "raised held-out τ_prob" if held > than else "lowered held-out τ_prob"
 
     held_then = first["held_out"]["tau_prob"]
@@ -1821,7 +1830,7 @@ def generalization_bullet(result: dict) -> str:
         text += (f"\nAgainst the shipped drafter's {num(held_then)}: {listing(told)}. Dropout and new sampled text "
                  "(the ShareGPT training prompts answered again at a temperature) aim at the gap; a lower peak "
                  "learning rate aims at the dip that each restarted schedule opens first")
-        grown = [r for r in continued if r.get("layers", first.get("layers")) != first.get("layers")]
+        grown = [r for r in continued if grew(r, first)]
         text += ("; layers grown on top aim at capacity (copies of the top layer whose output projections start at "
                  "zero, so the run starts from the shipped drafter's predictions: "
                  "`BlockBackbone.grow`).") if grown else "."
@@ -1831,7 +1840,8 @@ def generalization_bullet(result: dict) -> str:
             if twins:
                 twin = twins[0]
                 held, twin_held = row["held_out"]["tau_prob"], twin["held_out"]["tau_prob"]
-                level = "level with" if abs(held - twin_held) < 0.01 else "above" if held > twin_held else "below"
+                level = "level with" if abs(held - twin_held) < SEED_SPREAD else \
+                    "above" if held > twin_held else "below"
                 rates = "" if row.get("lr") == twin.get("lr") else \
                     f" at a peak learning rate of {num(twin['lr'], 'g')} instead of {num(row['lr'], 'g')}"
                 text += (f" The drafter grown to {num(row['layers'], 'd')} layers (#{number[row['drafter']]}) ends "
@@ -1843,11 +1853,11 @@ def generalization_bullet(result: dict) -> str:
         ingredients = [r for r in result["rows"] if r["drafter"] in row["average_of"]]
         best = max(r["held_out"]["tau_prob"] for r in ingredients)
         held = row["held_out"]["tau_prob"]
-        place = "within seed noise of" if abs(held - best) < 0.01 else "above" if held > best else "below"
+        place = "within seed noise of" if abs(held - best) < SEED_SPREAD else "above" if held > best else "below"
         text += (f" Averaging weights (#{number[row['drafter']]}, `python -m dspark average`), which costs no "
                  f"training, scored {place} the best of its ingredients ({num(held)} against {num(best)}).")
     gain = max((r["held_out"]["tau_prob"] for r in others if r["steps"] > first["steps"]), default=None)
-    if gain is not None and gain - held_then < 0.03:  # three times the spread between seeds
+    if gain is not None and gain - held_then < 3 * SEED_SPREAD:
         text += (f" None of them was shipped: the best lies {num(gain - held_then)} above the shipped drafter, close "
                  "to the spread between seeds (§2) and too little to tell apart in decoding.")
     return text
@@ -1859,13 +1869,12 @@ def grown_sentence(general: dict | None) -> str:
     if general is None:
         return ""
     first, *others = general["rows"]
-    grown = [r for r in others if r.get("layers", first.get("layers")) != first.get("layers")
-             and not r.get("average_of")]
+    grown = [r for r in others if grew(r, first) and not r.get("average_of")]
     if not grown:
         return ""
     best = max(grown, key=lambda r: r["held_out"]["tau_prob"])
     gain = best["held_out"]["tau_prob"] - first["held_out"]["tau_prob"]
-    if gain >= 0.03:  # three times the spread between seeds, as the table's verdict
+    if gain >= 3 * SEED_SPREAD:
         return ""
     return (f" Growing layers onto the shipped drafter did not pay: at {num(best['layers'], 'd')} layers and "
             f"{num(best['steps'] - first['steps'], 'd')} steps more it reached held-out τ_prob "

@@ -149,8 +149,10 @@ def test_growing_keeps_the_drafter_s_outputs_and_trains_the_new_layers():
     with torch.no_grad():
         before = model.training_logits(anchor_ids, anchor_pos, features, next_ids)
         cached_before = model.forward_cached(anchor_ids[:, 0], cache)
+    sibling = DSparkDrafter(config)
     model.grow(3)
     assert model.config.num_draft_layers == 3 and len(model.layers) == 3
+    assert sibling.config.num_draft_layers == 1, "growing one drafter changed the config another one shares"
     cache = model.new_cache(2, dtype=torch.float64)
     model.extend_cache(cache, features, torch.tensor([6, 4]))
     after = model.training_logits(anchor_ids, anchor_pos, features, next_ids)
