@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.environment import write_result  # noqa: E402
 from dspark.checkpoint import load_drafter, read_checkpoint_config, shipped_drafter_dir  # noqa: E402
 from dspark.corpus import corpus_order, load_corpus  # noqa: E402
+from dspark.data import held_out_followups, load_training_prompts  # noqa: E402
 from dspark.target import load_default_target  # noqa: E402
 from dspark.training import (  # noqa: E402
     OfflineFeatures,
@@ -33,6 +34,7 @@ from dspark.training import (  # noqa: E402
     Trainer,
     code2_corpus_dir,
     code_corpus_dir,
+    followup_corpus_dir,
     math2_corpus_dir,
     math3_corpus_dir,
     math_corpus_dir,
@@ -44,7 +46,8 @@ from dspark.training import (  # noqa: E402
 POOLS = {"code": lambda d, _: code_corpus_dir(d), "math": lambda d, _: math_corpus_dir(d),
          "math2": lambda d, _: math2_corpus_dir(d), "math3": lambda d, _: math3_corpus_dir(d),
          "code2": lambda d, _: code2_corpus_dir(d),
-         "sampled": lambda d, arguments: sampled_corpus_dir(d, arguments["sampled_temperature"])}
+         "sampled": lambda d, arguments: sampled_corpus_dir(d, arguments["sampled_temperature"]),
+         "followup": lambda d, _: followup_corpus_dir(d)}
 
 
 def spread(items: list, count: int) -> list:
@@ -87,6 +90,7 @@ def measure(target, directory: Path, count: int) -> dict:
         corpus, train, held_out = recipe_sharegpt_split(arguments, precision)
     except ValueError as error:
         raise SystemExit(str(error)) from None
+    prompts = load_training_prompts(arguments["num_prompts"])
     drafter = load_drafter(directory, target)
     row = {"drafter": directory.name, "steps": meta.get("steps"), "lr": arguments.get("lr"),
            "layers": drafter.config.num_draft_layers, "dropout": arguments.get("dropout", 0.0),
@@ -102,9 +106,12 @@ def measure(target, directory: Path, count: int) -> dict:
             directory = pool_dir(corpus, arguments)
             # The pool's corpus answered the first <pool>_prompts of its own shuffled order.
             pool_size = json.loads((directory / "corpus.json").read_text(encoding="utf-8"))["settings"]["num_prompts"]
-            keys = corpus_order(pool_size)[: arguments[f"{name}_prompts"]][:count]
-            row[f"{name}_train"] = evaluate(target, drafter, directory, load_corpus(directory, keys), arguments,
-                                            precision)
+            keys = corpus_order(pool_size)[: arguments[f"{name}_prompts"]]
+            if name == "followup":  # training left out the turns of held-out conversations
+                dropped = held_out_followups({prompts[s.key] for s in held_out})
+                keys = [key for key in keys if key not in dropped]
+            row[f"{name}_train"] = evaluate(target, drafter, directory, load_corpus(directory, keys[:count]),
+                                            arguments, precision)
     return row
 
 

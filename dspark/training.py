@@ -731,8 +731,9 @@ MATH2_KEY_OFFSET = 3_000_000
 MATH3_KEY_OFFSET = 4_000_000
 CODE2_KEY_OFFSET = 5_000_000
 SAMPLED_KEY_OFFSET = 6_000_000
+FOLLOWUP_KEY_OFFSET = 7_000_000
 # The extra pools, as the recipe's arguments name them (``<pool>_prompts``, ``<pool>_answers``).
-POOL_NAMES = ("code", "math", "math2", "math3", "code2", "sampled")
+POOL_NAMES = ("code", "math", "math2", "math3", "code2", "sampled", "followup")
 
 
 def recipe_corpus_dir(work: Path, precision: str, max_new_tokens: int, num_prompts: int | None = None) -> Path:
@@ -767,6 +768,11 @@ def math3_corpus_dir(corpus_dir: Path) -> Path:
     return corpus_dir.with_name(corpus_dir.name + "-word-problems-3")
 
 
+def followup_corpus_dir(corpus_dir: Path) -> Path:
+    """Where the recipe caches the ShareGPT later turns' corpus beside the first turns' one at ``corpus_dir``."""
+    return corpus_dir.with_name(corpus_dir.name + "-sharegpt-followups")
+
+
 def sampled_corpus_dir(corpus_dir: Path, temperature: float) -> Path:
     """Where the recipe caches the ShareGPT training prompts' answers sampled at ``temperature`` beside the greedy
     corpus at ``corpus_dir``."""
@@ -789,7 +795,7 @@ def _extra_pools(corpus_dir: Path, counts: dict[str, int], archives: dict, share
                  sampled_temperature: float) -> list[_Pool]:
     """The extra prompt pools beside ShareGPT, with their corpora beside the ShareGPT one at ``corpus_dir``;
     the ``sampled`` pool answers the ShareGPT training prompts ``sharegpt_train`` again at ``sampled_temperature``."""
-    from dspark.data import load_code_prompts, load_math_prompts
+    from dspark.data import load_code_prompts, load_followup_prompts, load_math_prompts
 
     pools = (("code", load_code_prompts, code_corpus_dir, CODE_KEY_OFFSET, 0.0),
              ("math", load_math_prompts, math_corpus_dir, MATH_KEY_OFFSET, 0.0),
@@ -797,7 +803,8 @@ def _extra_pools(corpus_dir: Path, counts: dict[str, int], archives: dict, share
              ("math3", lambda: load_math_prompts(series=3), math3_corpus_dir, MATH3_KEY_OFFSET, 0.0),
              ("code2", lambda: load_code_prompts(series=2), code2_corpus_dir, CODE2_KEY_OFFSET, 0.0),
              ("sampled", lambda: sharegpt_train, lambda d: sampled_corpus_dir(d, sampled_temperature),
-              SAMPLED_KEY_OFFSET, sampled_temperature))
+              SAMPLED_KEY_OFFSET, sampled_temperature),
+             ("followup", load_followup_prompts, followup_corpus_dir, FOLLOWUP_KEY_OFFSET, 0.0))
     return [_Pool(name, counts[name], archives[name], load() if counts[name] else [], directory(corpus_dir), offset,
                   temperature)
             for name, load, directory, offset, temperature in pools]
@@ -852,6 +859,7 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
                           math3_answers: str | os.PathLike | None = None, code2_prompts: int = 0,
                           code2_answers: str | os.PathLike | None = None, sampled_prompts: int = 0,
                           sampled_answers: str | os.PathLike | None = None, sampled_temperature: float = 0.7,
+                          followup_prompts: int = 0, followup_answers: str | os.PathLike | None = None,
                           continue_from: str | os.PathLike | None = None,
                           work_dir: str | os.PathLike | None = None, calibrate: bool = True,
                           progress: bool = True) -> Path:
@@ -880,6 +888,10 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
        is. ``sampled_prompts`` answers that many ShareGPT training prompts (never a held-out one) once more,
        sampled at ``sampled_temperature`` instead of greedily (:func:`dspark.corpus.build_corpus`): new answer
        text for prompts whose greedy answers the ShareGPT corpus already holds; ``sampled_answers`` is that
+       corpus's archive. ``followup_prompts`` answers that many of ShareGPT's later human turns, each as a
+       prompt of its own (:func:`dspark.data.load_followup_prompts`): new prompts in the held-out sequences'
+       register. Answers to turns from a conversation that touches a held-out prompt are answered but not
+       trained on (their number is recorded as ``followup_held_out_dropped``); ``followup_answers`` is that
        corpus's archive.
     2. ``vocab``: with ``draft_vocab_size``, the draft vocabulary is the most frequent answer tokens of the
        ShareGPT training split (plus EOS), so adding code or math prompts keeps a drafter's vocabulary; its
@@ -932,9 +944,9 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     # Refuse bad weights or dropout before the corpus phase, which may take hours.
     TrainConfig(objective=objective, ce_weight=ce_weight, l1_weight=l1_weight, dropout=dropout)
     counts = {"code": code_prompts, "math": math_prompts, "math2": math2_prompts, "math3": math3_prompts,
-              "code2": code2_prompts, "sampled": sampled_prompts}
+              "code2": code2_prompts, "sampled": sampled_prompts, "followup": followup_prompts}
     archives = {"code": code_answers, "math": math_answers, "math2": math2_answers, "math3": math3_answers,
-                "code2": code2_answers, "sampled": sampled_answers}
+                "code2": code2_answers, "sampled": sampled_answers, "followup": followup_answers}
     if not sampled_temperature > 0:
         raise ValueError(f"sampled_temperature must be positive, got {sampled_temperature}")
     for what in counts:
@@ -953,12 +965,20 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
         raise ValueError(f"the corpus holds {len(wanted)} samples, not more than the {held_out} held out")
     # The held-out sequences are those of the highest prompt indices (load_corpus returns samples by index).
     sharegpt_train_prompts = [prompts[key] for key in sorted(wanted)[:-held_out]]
+    held_out_prompts = {prompts[key] for key in sorted(wanted)[-held_out:]}
     pools = _extra_pools(corpus_dir, counts, archives, sharegpt_train_prompts, sampled_temperature)
     extra = {pool.name: _pool_samples(answering, pool.prompts, pool.directory, pool.count, pool.key_offset,
                                       what=pool.name, max_new_tokens=max_new_tokens, answers=pool.archive,
                                       progress=progress, temperature=pool.temperature)
              for pool in pools}
     del answering
+    followup_dropped = 0
+    if extra["followup"]:
+        from dspark.data import held_out_followups
+
+        dropped = held_out_followups(held_out_prompts)
+        kept = [s for s in extra["followup"] if s.key - FOLLOWUP_KEY_OFFSET not in dropped]
+        followup_dropped, extra["followup"] = len(extra["followup"]) - len(kept), kept
     samples = load_corpus(corpus_dir, wanted)
     train, evaluation = samples[:-held_out], samples[-held_out:]
     sharegpt_train = train
@@ -1058,6 +1078,8 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
                  "code2_answers": None if code2_answers is None else Path(code2_answers).name,
                  "sampled_prompts": sampled_prompts, "sampled_temperature": sampled_temperature,
                  "sampled_answers": None if sampled_answers is None else Path(sampled_answers).name,
+                 "followup_prompts": followup_prompts,
+                 "followup_answers": None if followup_answers is None else Path(followup_answers).name,
                  "continue_from": None if parent is None else parent["directory"]}
     curve = [{k: row[k] for k in ("step", "answer_tokens_seen", "eval_tau_prob", "eval_accuracy")}
              for row in trainer.history if "eval_tau_prob" in row]
@@ -1066,6 +1088,7 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     metadata = {"objective": objective, "steps": train_config.step_offset + trainer.step,
                 "train_sequences": len(train),
                 **{f"{what}_sequences": len(pool) for what, pool in extra.items()},
+                **({"followup_held_out_dropped": followup_dropped} if followup_prompts else {}),
                 "held_out_sequences": len(evaluation),
                 "train_answer_tokens": int(sum(int(s.loss_mask.sum()) for s in train)),
                 "final": trainer.history[-1] if trainer.history else {}, "vocab": vocab_report,

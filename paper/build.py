@@ -228,10 +228,11 @@ def training_runs(run: dict | None) -> list[dict]:
 # and as it names their answers when it reports the draft vocabulary's coverage.
 POOLS = {"code": "standard-library code prompts", "math": "word problems", "math2": "second-series word problems",
          "math3": "third-series word problems", "code2": "second-series code prompts",
-         "sampled": "sampled answers to the ShareGPT training prompts"}
+         "sampled": "sampled answers to the ShareGPT training prompts",
+         "followup": "later ShareGPT turns as prompts of their own"}
 POOL_ANSWERS = {"code": "code answers", "math": "math answers", "math2": "second-series math answers",
                 "math3": "third-series math answers", "code2": "second-series code answers",
-                "sampled": "sampled ShareGPT answers"}
+                "sampled": "sampled ShareGPT answers", "followup": "later-turn ShareGPT answers"}
 
 
 def listing(items: list[str]) -> str:

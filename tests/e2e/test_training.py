@@ -434,6 +434,44 @@ def test_the_recipe_samples_new_answers_to_the_sharegpt_training_prompts_only(re
         train_default_drafter(tmp_path / "other", steps=2, sampled_prompts=1, **{**toy, "held_out": 6})
 
 
+def test_the_recipe_answers_sharegpt_followups_and_drops_those_of_held_out_conversations(real_target, tmp_path,
+                                                                                       monkeypatch):
+    """``followup_prompts`` answers that many later ShareGPT turns into a corpus of their own, each sequence
+    starting with its turn as the prompt; a turn from a held-out conversation is answered but does not train, and
+    the count dropped is recorded."""
+    import dspark.data
+    from dspark.corpus import corpus_order, load_corpus
+    from dspark.data import load_followup_prompts
+    from dspark.training import fastest_precision, followup_corpus_dir, recipe_corpus_dir, train_default_drafter
+
+    toy = toy_recipe(work_dir=tmp_path / "work", sequences_per_step=4, max_new_tokens=192)
+    parent = train_default_drafter(tmp_path / "parent", steps=2, **toy)
+    pool = load_followup_prompts()
+    first = corpus_order(len(pool))[:3]
+    held = {}
+
+    def held_out_followups(held_out: set[str]) -> set[int]:
+        held["prompts"] = held_out
+        return {first[1]}  # as if the second turn answered came from a held-out conversation
+
+    monkeypatch.setattr(dspark.data, "held_out_followups", held_out_followups)
+    child = train_default_drafter(tmp_path / "child", steps=2, continue_from=parent, followup_prompts=3, **toy)
+    meta = json.loads((child / "config.json").read_text(encoding="utf-8"))["metadata"]
+    assert (meta["train_sequences"], meta["followup_sequences"], meta["followup_held_out_dropped"]) == (6, 2, 1)
+    assert meta["run"]["arguments"]["followup_prompts"] == 3
+    assert len(held["prompts"]) == 2  # the ShareGPT openings the run holds out
+    corpus = followup_corpus_dir(recipe_corpus_dir(tmp_path / "work", fastest_precision("cpu"), 192))
+    answered = load_corpus(corpus)
+    assert sorted(s.key for s in answered) == sorted(first)
+    for sample in answered:
+        prompt = real_target.tokenizer.decode(sample.token_ids[~sample.loss_mask].tolist())
+        assert pool[sample.key] in prompt
+    (checkpoint,) = (tmp_path / "work").glob("checkpoint-*-after*")
+    assert "-followup3-after" in checkpoint.name
+    with pytest.raises(ValueError, match="followup_answers is given but followup_prompts is 0"):
+        train_default_drafter(tmp_path / "other", steps=2, followup_answers=tmp_path / "any.npz", **toy)
+
+
 def test_the_recipe_rebuilds_code_and_math_corpora_from_their_archives_without_answering(real_target, tmp_path):
     """On a fresh cache, ``code_answers``, ``math_answers``, ``math2_answers``, ``math3_answers`` and
     ``code2_answers`` rebuild the pools' corpora from archives: no prompt is answered again (the manifests keep the
