@@ -96,6 +96,7 @@ def measure(target, directory: Path, count: int) -> dict:
            "layers": drafter.config.num_draft_layers, "dropout": arguments.get("dropout", 0.0),
            "sampled_prompts": arguments.get("sampled_prompts", 0),
            "sampled_temperature": arguments.get("sampled_temperature") if arguments.get("sampled_prompts") else None,
+           "followup_prompts": arguments.get("followup_prompts", 0),
            "average_of": [a["directory"] for a in meta.get("average_of", [])],
            "held_out": evaluate(target, drafter, corpus, held_out, arguments, precision),
            "train": evaluate(target, drafter, corpus, spread(train, count), arguments, precision),

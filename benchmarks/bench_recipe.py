@@ -43,6 +43,7 @@ def main(argv=None) -> int:
     from dspark.training import (
         code2_corpus_dir,
         code_corpus_dir,
+        followup_corpus_dir,
         math2_corpus_dir,
         math3_corpus_dir,
         math_corpus_dir,
@@ -54,6 +55,7 @@ def main(argv=None) -> int:
         meta = json.loads((directory / "config.json").read_text(encoding="utf-8"))["metadata"]
         arms[objective] = {k: meta.get(k) for k in ("steps", "train_sequences", "code_sequences", "math_sequences",
                                                      "math2_sequences", "math3_sequences", "code2_sequences",
+                                                     "sampled_sequences", "followup_sequences",
                                                      "held_out_sequences",
                                                      "train_answer_tokens",
                                                      "vocab", "curve", "final", "sts")}
@@ -96,7 +98,8 @@ def main(argv=None) -> int:
              "math_corpus": pool_corpus(math_corpus_dir(corpus_dir)),
              "math2_corpus": pool_corpus(math2_corpus_dir(corpus_dir)),
              "math3_corpus": pool_corpus(math3_corpus_dir(corpus_dir)),
-             "code2_corpus": pool_corpus(code2_corpus_dir(corpus_dir))}
+             "code2_corpus": pool_corpus(code2_corpus_dir(corpus_dir)),
+             "followup_corpus": pool_corpus(followup_corpus_dir(corpus_dir))}
     print(f"corpus: {len(samples)} samples, {corpus_tokens} answer tokens; regeneration: {answered} answer tokens "
           f"of timed runs in {seconds:.0f} s = {answered / seconds:.0f} tok/s "
           f"({answered / seconds / batch1:.1f}x plain batch-1 generation, {batch1:.1f} tok/s); answering "

@@ -43,7 +43,7 @@ def _train_settings(args) -> dict:
     import inspect
     import json
 
-    from dspark.training import train_default_drafter
+    from dspark.training import POOL_NAMES, train_default_drafter
 
     allowed = set(inspect.signature(train_default_drafter).parameters) - {"output_dir", "work_dir", "progress"}
     settings = {"objective": "dspark"}
@@ -54,8 +54,7 @@ def _train_settings(args) -> dict:
         if unknown:
             raise SystemExit(f"{args.config}: unknown settings {sorted(unknown)}; allowed: {sorted(allowed)}")
         # Paths are relative to the config file.
-        for key in ("answers", "code_answers", "math_answers", "math2_answers", "math3_answers", "code2_answers",
-                    "sampled_answers", "followup_answers", "continue_from"):
+        for key in ("answers", *(f"{pool}_answers" for pool in POOL_NAMES), "continue_from"):
             if loaded.get(key) is not None:
                 loaded[key] = str(Path(args.config).resolve().parent / loaded[key])
         settings.update(loaded)

@@ -38,7 +38,8 @@ def test_a_config_names_its_answers_archives_relative_to_itself(tmp_path, monkey
     config = tmp_path / "recipes" / "run.json"
     archives = {"answers": "run.answers.npz", "code_answers": "code.answers.npz", "math_answers": "math.answers.npz",
                 "math2_answers": "math2.answers.npz", "math3_answers": "math3.answers.npz",
-                "code2_answers": "code2.answers.npz", "sampled_answers": "sampled.answers.npz"}
+                "code2_answers": "code2.answers.npz", "sampled_answers": "sampled.answers.npz",
+                "followup_answers": "followup.answers.npz"}
     config.write_text(json.dumps(archives), encoding="utf-8")
     monkeypatch.chdir(tmp_path)
     settings = _train_settings(_args(config="recipes/run.json"))
