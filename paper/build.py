@@ -1797,6 +1797,8 @@ def generalization_bullet(result: dict) -> str:
         if row.get("sampled_prompts"):
             parts.append(f"{num(row['sampled_prompts'], 'd')} sampled answers (T = "
                          f"{num(row['sampled_temperature'], 'g')})")
+        if row.get("followup_prompts"):
+            parts.append(f"{num(row['followup_prompts'], 'd')} later ShareGPT turns")
         if row.get("lr") != first.get("lr"):
             parts.append(f"peak learning rate {num(row['lr'], 'g')}")
         return ", ".join(parts)
@@ -1828,15 +1830,16 @@ def generalization_bullet(result: dict) -> str:
     if continued:
         told = [f"#{number[r['drafter']]} {change(r, held_then)} ({num(r['held_out']['tau_prob'])})"
                 for r in continued]
-        text += (f"\nAgainst the shipped drafter's {num(held_then)}: {listing(told)}. Dropout and new sampled text "
-                 "(the ShareGPT training prompts answered again at a temperature) aim at the gap; a lower peak "
-                 "learning rate aims at the dip that each restarted schedule opens first")
+        text += (f"\nAgainst the shipped drafter's {num(held_then)}: {listing(told)}. Dropout, new sampled text "
+                 "(the ShareGPT training prompts answered again at a temperature) and new prompts (ShareGPT's later "
+                 "turns, each answered alone) aim at the gap; a lower peak learning rate aims at the dip that each "
+                 "restarted schedule opens first")
         grown = [r for r in continued if grew(r, first)]
         text += ("; layers grown on top aim at capacity (copies of the top layer whose output projections start at "
                  "zero, so the run starts from the shipped drafter's predictions: "
                  "`BlockBackbone.grow`).") if grown else "."
         for row in grown:
-            same = ("steps", "dropout", "sampled_prompts")
+            same = ("steps", "dropout", "sampled_prompts", "followup_prompts")
             twins = [r for r in continued if r not in grown and all(r.get(k) == row.get(k) for k in same)]
             if twins:
                 twin = twins[0]
@@ -1850,6 +1853,17 @@ def generalization_bullet(result: dict) -> str:
                          f"{num(first['layers'], 'd')} layers{rates} (held-out τ_prob {num(held)} against "
                          f"{num(twin_held)}, training τ_prob {num(row['train']['tau_prob'])} against "
                          f"{num(twin['train']['tau_prob'])}).")
+    for row in (r for r in continued if r.get("followup_prompts")):
+        same = ("steps", "dropout", "sampled_prompts", "lr", "layers")
+        twins = [r for r in continued if not r.get("followup_prompts") and all(r.get(k) == row.get(k) for k in same)]
+        if twins:
+            twin = twins[0]
+            held, twin_held = row["held_out"]["tau_prob"], twin["held_out"]["tau_prob"]
+            level = "level with" if abs(held - twin_held) < SEED_SPREAD else "above" if held > twin_held else "below"
+            text += (f" With {num(row['followup_prompts'], 'd')} later ShareGPT turns added "
+                     f"(#{number[row['drafter']]}), the drafter ends {level} #{number[twin['drafter']]}, the same run "
+                     f"without them (held-out τ_prob {num(held)} against {num(twin_held)}, training τ_prob "
+                     f"{num(row['train']['tau_prob'])} against {num(twin['train']['tau_prob'])}).")
     for row in (r for r in others if r.get("average_of")):
         ingredients = [r for r in result["rows"] if r["drafter"] in row["average_of"]]
         best = max(r["held_out"]["tau_prob"] for r in ingredients)

@@ -142,7 +142,8 @@ def test_the_generalization_table_names_each_run_and_a_mean_s_ingredients():
         row("slow", 67000, 2.16, lr=1e-4, sampled_prompts=4096, sampled_temperature=0.7),
         row("noisy", 65000, 2.145, dropout=0.1),
         row("mean", 67000, 2.19, average_of=["shipped", "slow", "elsewhere"]),
-        row("deep", 65000, 2.146, layers=3, lr=2e-4, dropout=0.1)]}
+        row("deep", 65000, 2.146, layers=3, lr=2e-4, dropout=0.1),
+        row("chatty", 65000, 2.17, dropout=0.1, followup_prompts=6144)]}
     text = builder.generalization_bullet(result)
     assert "| 1 | `shipped` | shipped | 2.140 | 2.700 | 0.560 | 3.20 | 2.140 → 2.090 (59000) → 2.140 |" in text
     assert "| 2 | `parent` | its parent |" in text
@@ -151,13 +152,18 @@ def test_the_generalization_table_names_each_run_and_a_mean_s_ingredients():
     # A mean has no curve of its own; an ingredient outside the table is named by its directory.
     assert "| 5 | `mean` | mean of the weights of #1, #3 and `elsewhere` | 2.190 | 2.700 | 0.510 | 3.20 | – |" in text
     assert "| 6 | `deep` | 4000 steps more, grown to 3 layers, dropout 0.1, peak learning rate 0.0002 |" in text
-    assert "#3 raised held-out τ_prob (2.160), #4 left held-out τ_prob where it was (2.145) and #6 left " \
-           "held-out τ_prob where it was (2.146)" in text
+    assert "| 7 | `chatty` | 4000 steps more, dropout 0.1, 6144 later ShareGPT turns |" in text
+    assert "#3 raised held-out τ_prob (2.160), #4 left held-out τ_prob where it was (2.145), #6 left " \
+           "held-out τ_prob where it was (2.146) and #7 raised held-out τ_prob (2.170)" in text
     assert "; layers grown on top aim at capacity (" in text
-    # The grown drafter is set beside the continuation with its data and length: #4 (dropout 0.1, 4000 steps).
+    # The grown drafter is set beside the continuation with its data and length: #4 (dropout 0.1, 4000 steps), not
+    # #7, which added prompts.
     assert "The drafter grown to 3 layers (#6) ends level with #4, the same data and length with 2 layers at a " \
            "peak learning rate of 0.0003 instead of 0.0002 (held-out τ_prob 2.146 against 2.145, training τ_prob " \
            "2.700 against 2.700)." in text
+    # Added prompts are set beside the run that differs only in lacking them.
+    assert "With 6144 later ShareGPT turns added (#7), the drafter ends above #4, the same run without them " \
+           "(held-out τ_prob 2.170 against 2.145, training τ_prob 2.700 against 2.700)." in text
     assert "which costs no training, scored above the best of its ingredients (2.190 against 2.160)" in text
 
 
