@@ -163,3 +163,13 @@ def test_held_out_followups_are_exactly_the_turns_of_the_held_out_conversations(
     # Indices follow the seed's order, as load_followup_prompts' do.
     again = held_out_followups({opening}, seed=1)
     assert {load_followup_prompts(seed=1)[i] for i in again} == {prompts[i] for i in dropped}
+
+
+def test_the_followup_prompts_are_those_the_committed_answers_were_answered_from():
+    # The pool's order decides which prompt each stored answer belongs to; a change to the selection would leave the
+    # committed answers pointing at other prompts (rebuilding them would then refuse, by this digest).
+    from dspark.data import load_followup_prompts
+
+    settings = load_answers(RECIPES / "smollm2_drafter.followup.answers.npz").manifest["settings"]
+    prompts = load_followup_prompts()
+    assert (len(prompts), _digest(prompts)) == (settings["num_prompts"], settings["prompts_digest"])
