@@ -8,13 +8,14 @@ pool) with every drafted slot verified. τ counts the bonus token (``paper/metho
 drafts``); acceptance by position is given both conditional (the paper's Fig. 2) and unconditional (DeepSpec's
 ``accept_rate@pos``). Each prompt's committed tokens and rounds are kept too, so that two drafters can be compared
 prompt by prompt (the paper's paired interval), and how often a drafted token repeats the slot before it, beside how
-often the decoded output does. Writes ``benchmarks/results/acceptance_cpu.json``.
+often the decoded output does. Writes ``acceptance_cpu.json`` (``--name`` another name, such as
+``acceptance_candidates_cpu`` for drafters decoded before deciding whether to ship one).
 
 ``--reuse FILE`` keeps an earlier run's rows for each drafter that is unchanged (the same training metadata,
 decoded on the same prompts with the same settings and torch version) instead of decoding it again, and records
 at which commit and date those rows were decoded (``reused``). Re-training one arm then re-decodes only that arm.
 
-    python benchmarks/bench_acceptance.py [--prompts-per-domain 8] [--max-new-tokens 64] [--reuse FILE]
+    python benchmarks/bench_acceptance.py [--prompts-per-domain 8] [--max-new-tokens 64] [--reuse FILE] [--name NAME]
 """
 
 from __future__ import annotations
@@ -86,6 +87,7 @@ def main(argv=None) -> int:
     parser.add_argument("--reuse", type=Path, default=None,
                         help="an earlier acceptance_cpu.json whose rows of unchanged drafters are kept")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--name", default="acceptance_cpu", help="the results file's name, without .json")
     args = parser.parse_args(argv)
     if args.drafters:
         drafters = dict(item.split("=", 1) for item in args.drafters)
@@ -124,11 +126,11 @@ def main(argv=None) -> int:
                 rows.append(row)
                 print(f"{name:7s} T={temperature:g} {domain:5s} tau={row['tau']:.3f} "
                       f"cond={[round(x, 2) for x in row['conditional_acceptance']]}")
-    write_result("acceptance_cpu", {"max_new_tokens": args.max_new_tokens, "offset": args.offset,
-                                    "drafters": {k: str(v) for k, v in drafters.items()},
-                                    "drafter_metadata": metadata,
-                                    "reused": {name: provenance for name, (_, provenance) in reused.items()},
-                                    "rows": rows}, args.out)
+    write_result(args.name, {"max_new_tokens": args.max_new_tokens, "offset": args.offset,
+                           "drafters": {k: str(v) for k, v in drafters.items()},
+                           "drafter_metadata": metadata,
+                           "reused": {name: provenance for name, (_, provenance) in reused.items()},
+                           "rows": rows}, args.out)
     return 0
 
 
