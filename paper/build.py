@@ -94,6 +94,7 @@ TRAINING = ["dspark/training.py", "dspark/corpus.py", "dspark/loss.py", "dspark/
 # The code behind each results file: a change to any of these paths after its commit is named beside it.
 SOURCES = {
     "acceptance_cpu": LIBRARY + ["benchmarks/bench_acceptance.py"],
+    "acceptance_candidates_cpu": LIBRARY + ["benchmarks/bench_acceptance.py"],
     "agreement_cpu": LIBRARY + ["benchmarks/bench_agreement.py"],
     "training_recipe": TRAINING + ["benchmarks/bench_recipe.py"],
     "training_ablations_cpu": TRAINING + ["benchmarks/bench_ablations.py"],
@@ -1762,10 +1763,11 @@ def grew(row: dict, first: dict) -> bool:
     return row.get("layers", first.get("layers")) != first.get("layers")
 
 
-def generalization_bullet(result: dict) -> str:
+def generalization_bullet(result: dict, decoded: dict | None = None) -> str:
     """§7's bullet on how much better the drafters predict their training sequences than held-out ones, with a
     table of every drafter measured: the shipped one first, then its parent, its continuations and means of
-    weights."""
+    weights; ``decoded`` (``acceptance_candidates_cpu``) holds the decoding of a continuation that cleared three
+    seeds' spread (:func:`decoded_sentence`)."""
     first, *others = result["rows"]
     held, train = first["held_out"], first["train"]
     pools = [f"{num(first[f'{pool}_train']['tau_prob'])} on {POOLS[pool]}" for pool in POOLS
@@ -1875,7 +1877,61 @@ def generalization_bullet(result: dict) -> str:
     if gain is not None and gain - held_then < 3 * SEED_SPREAD:
         text += (f" None of them was shipped: the best lies {num(gain - held_then)} above the shipped drafter, close "
                  "to the spread between seeds (§2) and too little to tell apart in decoding.")
+    elif gain is not None:
+        text += decoded_sentence(result, decoded, number)
     return text
+
+
+def decoded_sentence(result: dict, decoded: dict | None, number: dict[str, int]) -> str:
+    """What decoding said of the best continuation of the generalization table (``result``) once its held-out
+    τ_prob cleared three seeds' spread over the shipped drafter: its greedy τ against the shipped drafter's, paired
+    over prompts, and against every other row decoded beside it (``decoded``: ``acceptance_candidates_cpu``,
+    drafters matched to rows by directory name). A sentence with its leading space."""
+    first, *others = result["rows"]
+    best = max((r for r in others if r["steps"] > first["steps"]), key=lambda r: r["held_out"]["tau_prob"])
+    tag = f"#{number[best['drafter']]}"
+    text = (f" The best, {tag}, is the first to clear three times the seed spread over the shipped drafter (+"
+            f"{num(best['held_out']['tau_prob'] - first['held_out']['tau_prob'])}), so it was decoded before "
+            "deciding whether to ship it")
+    names = {Path(directory).name: name for name, directory in (decoded or {}).get("drafters", {}).items()}
+    greedy = [r for r in (decoded or {}).get("rows", []) if r["temperature"] == 0]
+    if best["drafter"] not in names or first["drafter"] not in names:
+        return (text.replace("so it was decoded", "and is to be decoded") + " (`python benchmarks/bench_acceptance.py "
+                "--drafters shipped=DIR best=DIR --temperatures 0 --name acceptance_candidates_cpu`).")
+
+    def mean(row: dict) -> float:
+        taus = [r["tau"] for r in greedy if r["drafter"] == names[row["drafter"]]]
+        return sum(taus) / len(taus)
+
+    def paired(a: dict, b: dict) -> dict[str, tuple[float, float, float]]:
+        return {d: _paired_gap(greedy, names[a["drafter"]], names[b["drafter"]], 0.0, d) for d in DOMAINS}
+
+    def cells(gaps: dict[str, tuple[float, float, float]]) -> str:
+        return "; ".join(f"{d} {num(g[0], '+.3f')} [{num(g[1], '+.3f')}, {num(g[2], '+.3f')}]" for d, g in gaps.items())
+
+    def verdict(gaps: dict[str, tuple[float, float, float]]) -> str:
+        ahead = [d for d, g in gaps.items() if g[1] > 0]
+        behind = [d for d, g in gaps.items() if g[2] < 0]
+        level = [d for d in gaps if d not in ahead + behind]
+        parts = ([f"ahead in {listing(ahead)}"] if ahead else []) + ([f"behind in {listing(behind)}"] if behind
+                                                                    else [])
+        if level:
+            parts.append(f"level in {listing(level)}" if parts else "level in every domain")
+        return ", ".join(parts)
+
+    against_shipped = paired(best, first)
+    text += (f": greedy, every slot verified, {num(greedy[0]['prompts'], 'd')} held-out prompts a domain and "
+             f"{num(decoded['max_new_tokens'], 'd')} new tokens (`acceptance_candidates_cpu`), it reaches τ "
+             f"{num(mean(best))} on average against the shipped drafter's {num(mean(first))}, "
+             f"{verdict(against_shipped)} (τ difference paired over prompts, with its 95% bootstrap interval: "
+             f"{cells(against_shipped)}).")
+    for row in (r for r in others if r is not best and r["drafter"] in names):
+        against_row = paired(best, row)
+        text += (f" #{number[row['drafter']]} (held-out τ_prob {num(row['held_out']['tau_prob'])}), decoded beside "
+                 f"them, reaches {num(mean(row))}; against it {tag} is {verdict(against_row)} "
+                 f"({cells(against_row)}).")
+    return text + (f" The shipped drafter stays: what {tag} gained on held-out sequences shows in decoding as "
+                   f"{num(mean(best) - mean(first), '+.3f')} τ on average.")
 
 
 def grown_sentence(general: dict | None) -> str:
@@ -1945,7 +2001,7 @@ def section_limits(out: list[str]) -> None:
                    "already took the paper's largest step, from one draft layer to two; the levers left are more "
                    "layers and much longer training, which a GPU makes cheap." + grown_sentence(general))
     if general is not None:
-        out.append(generalization_bullet(general))
+        out.append(generalization_bullet(general, load("acceptance_candidates_cpu")))
     if e2e is not None:
         def e2e_row(batch: int, scheduler: str, batching: str = "static") -> dict | None:
             return next((r for r in e2e["rows"] if r["batch"] == batch and r["scheduler"] == scheduler

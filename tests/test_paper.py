@@ -167,6 +167,44 @@ def test_the_generalization_table_names_each_run_and_a_mean_s_ingredients():
     assert "which costs no training, scored above the best of its ingredients (2.190 against 2.160)" in text
 
 
+def test_a_continuation_that_clears_three_seeds_spread_is_judged_by_decoding():
+    def row(name: str, steps: int, held: float, **extra) -> dict:
+        return {"drafter": name, "steps": steps, "lr": 3e-4, "layers": 2, "held_out": {"tau_prob": held, "ce": 3.2},
+                "train": {"tau_prob": 2.7, "ce": 2.6}, **extra}
+
+    result = {"samples": 48, "rows": [row("shipped-dir", 61000, 2.14), row("twin-dir", 65000, 2.141),
+                                      row("best-dir", 65000, 2.18, followup_prompts=6144)]}
+    # Per prompt, τ is committed tokens over rounds: the candidate gains 0.4 on every math prompt, ties on code
+    # and loses 0.4 on every chat prompt, so each bootstrap interval is a single point on a known side of zero.
+    committed = {"math": 24, "code": 20, "chat": 16}
+
+    def decoded_rows(name: str, candidate: bool) -> list[dict]:
+        return [{"drafter": name, "temperature": 0.0, "domain": domain, "prompts": 4,
+                 "tau": (committed[domain] if candidate else 20) / 10,
+                 "per_prompt": {"committed": [committed[domain] if candidate else 20] * 4, "rounds": [10] * 4}}
+                for domain in ("math", "code", "chat")]
+
+    directories = {"shipped": "a/shipped-dir", "new": "/b/best-dir", "twin": "c/twin-dir"}
+    decoded = {"max_new_tokens": 64, "drafters": directories,
+               "rows": decoded_rows("shipped", False) + decoded_rows("new", True) + decoded_rows("twin", False)}
+    text = builder.generalization_bullet(result, decoded)
+    assert "None of them was shipped" not in text
+    assert "The best, #3, is the first to clear three times the seed spread over the shipped drafter (+0.040), so " \
+           "it was decoded before deciding whether to ship it: greedy, every slot verified, 4 held-out prompts a " \
+           "domain and 64 new tokens (`acceptance_candidates_cpu`), it reaches τ 2.000 on average against the " \
+           "shipped drafter's 2.000, ahead in math, behind in chat, level in code (τ difference paired over " \
+           "prompts, with its 95% bootstrap interval: math +0.400 [+0.400, +0.400]; code +0.000 [+0.000, +0.000]; " \
+           "chat -0.400 [-0.400, -0.400])." in text
+    assert "#2 (held-out τ_prob 2.141), decoded beside them, reaches 2.000; against it #3 is ahead in math, " \
+           "behind in chat, level in code (" in text
+    assert text.endswith("The shipped drafter stays: what #3 gained on held-out sequences shows in decoding as "
+                         "+0.000 τ on average.")
+    undecoded = builder.generalization_bullet(result, None)
+    assert undecoded.endswith("(+0.040), and is to be decoded before deciding whether to ship it (`python "
+                              "benchmarks/bench_acceptance.py --drafters shipped=DIR best=DIR --temperatures 0 "
+                              "--name acceptance_candidates_cpu`).")
+
+
 def test_the_limits_say_whether_a_grown_layer_paid():
     def row(name: str, steps: int, held: float, layers: int, **extra) -> dict:
         return {"drafter": name, "steps": steps, "layers": layers, "held_out": {"tau_prob": held}, **extra}
