@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -89,6 +90,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--name", default="acceptance_cpu", help="the results file's name, without .json")
     args = parser.parse_args(argv)
+    if not re.fullmatch(r"[A-Za-z0-9_-]+", args.name):
+        parser.error(f"--name takes letters, digits, dashes and underscores, got {args.name!r}")
     if args.drafters:
         drafters = dict(item.split("=", 1) for item in args.drafters)
     else:

@@ -1,9 +1,12 @@
-"""bench_acceptance --reuse keeps an earlier run's rows only for drafters and settings that did not change."""
+"""bench_acceptance: --reuse keeps an earlier run's rows only for drafters and settings that did not change; --name
+takes a plain file name."""
 
 import copy
 
+import pytest
+
 import paper.build as builder
-from benchmarks.bench_acceptance import reusable_rows
+from benchmarks.bench_acceptance import main, reusable_rows
 from dspark.data import DOMAINS
 
 SETTINGS = {"offset": 50, "max_new_tokens": 64, "torch": "2.13.0+cpu"}
@@ -54,3 +57,10 @@ def test_the_paper_says_which_rows_were_reused_and_when():
     sentence = builder.reused_sentence(result)
     assert "At commit abc1234 (2026-12-04): DFlash; EAGLE-3-style." in sentence
     assert {"2026", "12", "04"} <= builder.printed
+
+
+@pytest.mark.parametrize("name", ["../acceptance_cpu", "a/b", "", "with space"])
+def test_a_results_name_that_is_not_a_plain_file_name_is_refused_before_any_work(name, capsys):
+    with pytest.raises(SystemExit):
+        main(["--name", name])
+    assert "--name takes letters, digits, dashes and underscores" in capsys.readouterr().err
