@@ -639,8 +639,12 @@ def _paired_cells(rows: list[dict], a: str, b: str) -> dict[float, str] | None:
     gaps = {t: {d: _paired_gap(rows, a, b, t, d) for d in DOMAINS} for t in (0.0, 1.0)}
     if not all(g for by_domain in gaps.values() for g in by_domain.values()):
         return None
-    return {t: "; ".join(f"{d} {num(g[0], '+.3f')} [{num(g[1], '+.3f')}, {num(g[2], '+.3f')}]"
-                         for d, g in by_domain.items()) for t, by_domain in gaps.items()}
+    return {t: _gap_cells(by_domain) for t, by_domain in gaps.items()}
+
+
+def _gap_cells(gaps: dict[str, tuple[float, float, float]]) -> str:
+    """"math +x [lo, hi]; code ...; chat ..." for :func:`_paired_gap`'s results by domain."""
+    return "; ".join(f"{d} {num(g[0], '+.3f')} [{num(g[1], '+.3f')}, {num(g[2], '+.3f')}]" for d, g in gaps.items())
 
 
 def _at_budget_of(meta: dict, drafters: list[str], other: str) -> str:
@@ -1758,6 +1762,11 @@ SEED_SPREAD = 0.01
 continuation is worth shipping from three times this."""
 
 
+def beside(held: float, other: float, level: str = "level with") -> str:
+    """Where held-out τ_prob ``held`` lies beside ``other``: ``level`` within the seed spread, else above or below."""
+    return level if abs(held - other) < SEED_SPREAD else "above" if held > other else "below"
+
+
 def grew(row: dict, first: dict) -> bool:
     """Whether the generalization ``row`` is a drafter with another number of layers than the shipped ``first``."""
     return row.get("layers", first.get("layers")) != first.get("layers")
@@ -1846,8 +1855,7 @@ def generalization_bullet(result: dict, decoded: dict | None = None) -> str:
             if twins:
                 twin = twins[0]
                 held, twin_held = row["held_out"]["tau_prob"], twin["held_out"]["tau_prob"]
-                level = "level with" if abs(held - twin_held) < SEED_SPREAD else \
-                    "above" if held > twin_held else "below"
+                level = beside(held, twin_held)
                 rates = "" if row.get("lr") == twin.get("lr") else \
                     f" at a peak learning rate of {num(twin['lr'], 'g')} instead of {num(row['lr'], 'g')}"
                 text += (f" The drafter grown to {num(row['layers'], 'd')} layers (#{number[row['drafter']]}) ends "
@@ -1861,7 +1869,7 @@ def generalization_bullet(result: dict, decoded: dict | None = None) -> str:
         if twins:
             twin = twins[0]
             held, twin_held = row["held_out"]["tau_prob"], twin["held_out"]["tau_prob"]
-            level = "level with" if abs(held - twin_held) < SEED_SPREAD else "above" if held > twin_held else "below"
+            level = beside(held, twin_held)
             text += (f" With {num(row['followup_prompts'], 'd')} later ShareGPT turns added "
                      f"(#{number[row['drafter']]}), the drafter ends {level} #{number[twin['drafter']]}, the same run "
                      f"without them (held-out τ_prob {num(held)} against {num(twin_held)}, training τ_prob "
@@ -1870,7 +1878,7 @@ def generalization_bullet(result: dict, decoded: dict | None = None) -> str:
         ingredients = [r for r in result["rows"] if r["drafter"] in row["average_of"]]
         best = max(r["held_out"]["tau_prob"] for r in ingredients)
         held = row["held_out"]["tau_prob"]
-        place = "within seed noise of" if abs(held - best) < SEED_SPREAD else "above" if held > best else "below"
+        place = beside(held, best, "within seed noise of")
         text += (f" Averaging weights (#{number[row['drafter']]}, `python -m dspark average`), which costs no "
                  f"training, scored {place} the best of its ingredients ({num(held)} against {num(best)}).")
     gain = max((r["held_out"]["tau_prob"] for r in others if r["steps"] > first["steps"]), default=None)
@@ -1906,9 +1914,6 @@ def decoded_sentence(result: dict, decoded: dict | None, number: dict[str, int])
     def paired(a: dict, b: dict) -> dict[str, tuple[float, float, float]]:
         return {d: _paired_gap(greedy, names[a["drafter"]], names[b["drafter"]], 0.0, d) for d in DOMAINS}
 
-    def cells(gaps: dict[str, tuple[float, float, float]]) -> str:
-        return "; ".join(f"{d} {num(g[0], '+.3f')} [{num(g[1], '+.3f')}, {num(g[2], '+.3f')}]" for d, g in gaps.items())
-
     def verdict(gaps: dict[str, tuple[float, float, float]]) -> str:
         ahead = [d for d, g in gaps.items() if g[1] > 0]
         behind = [d for d, g in gaps.items() if g[2] < 0]
@@ -1924,12 +1929,12 @@ def decoded_sentence(result: dict, decoded: dict | None, number: dict[str, int])
              f"{num(decoded['max_new_tokens'], 'd')} new tokens (`acceptance_candidates_cpu`), it reaches τ "
              f"{num(mean(best))} on average against the shipped drafter's {num(mean(first))}, "
              f"{verdict(against_shipped)} (τ difference paired over prompts, with its 95% bootstrap interval: "
-             f"{cells(against_shipped)}).")
+             f"{_gap_cells(against_shipped)}).")
     for row in (r for r in others if r is not best and r["drafter"] in names):
         against_row = paired(best, row)
         text += (f" #{number[row['drafter']]} (held-out τ_prob {num(row['held_out']['tau_prob'])}), decoded beside "
                  f"them, reaches {num(mean(row))}; against it {tag} is {verdict(against_row)} "
-                 f"({cells(against_row)}).")
+                 f"({_gap_cells(against_row)}).")
     return text + (f" The shipped drafter stays: what {tag} gained on held-out sequences shows in decoding as "
                    f"{num(mean(best) - mean(first), '+.3f')} τ on average.")
 
