@@ -65,6 +65,10 @@ def _train_settings(args) -> dict:
     return settings
 
 
+# dspark.training.POOL_NAMES but "sampled", spelled out so that parsing arguments does not import torch.
+GROWABLE_POOLS = ("code", "math", "math2", "math3", "code2", "followup")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="dspark", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -100,6 +104,16 @@ def main(argv: list[str] | None = None) -> int:
                             "the learning-rate schedule starting over and the data picking up where it stopped; "
                             "with more --layers than it has, layers that start out adding nothing are stacked on top")
     train.add_argument("--output", default=None, help="default: the cache the demo reads")
+    answer = sub.add_parser("answer", help="answer more prompts of an extra pool into its answers archive, "
+                                           "without training (a later `train` rebuilds them from the archive)")
+    answer.add_argument("--pool", required=True, choices=GROWABLE_POOLS)
+    answer.add_argument("--prompts", type=int, required=True,
+                        help="how many of the pool's prompts the archive should hold (a prefix of its shuffled order)")
+    answer.add_argument("--archive", required=True,
+                        help="the pool's answers archive (.npz): the answers it holds are rebuilt, not answered "
+                             "again, and it is rewritten holding all --prompts; a missing one is started")
+    answer.add_argument("--precision", choices=["auto", "bf16", "fp32"], default=None,
+                        help="the answering target's dtype (default: the archive's, or auto for a new archive)")
     average = sub.add_parser("average", help="average the weights of drafters that continued one parent")
     average.add_argument("drafters", nargs="+",
                          help="two or more drafter directories that `train` wrote with one objective, shape and "
@@ -124,6 +138,15 @@ def main(argv: list[str] | None = None) -> int:
         path = export_drafter(drafter, args.out, verifier_name_or_path=args.verifier,
                               verifier_architectures=args.architectures)
         print(f"wrote {path}: serve it with `vllm serve {path}`")
+        return 0
+    if args.command == "answer":
+        from dspark.training import answer_pool, tune_cpu_allocator
+
+        tune_cpu_allocator()
+        done = answer_pool(args.pool, args.prompts, args.archive, precision=args.precision)
+        print(f"{done['archive']}: {done['prompts_before']:,} → {done['prompts']:,} prompts, "
+              f"{done['answer_tokens_before']:,} → {done['answer_tokens']:,} answer tokens in {done['seconds']:,.0f} s "
+              f"(features under {done['corpus']})")
         return 0
     if args.command == "average":
         from dspark.training import average_drafters

@@ -23,7 +23,8 @@ no second forward over the answers is needed.
   skips every sample already on disk, so the corpus resumes after an interruption.
 * :func:`save_answers` keeps a corpus without its features (token ids only: a few MB, small enough to commit)
   and :func:`rebuild_corpus` turns that back into the corpus with one forward per batch of whole sequences,
-  about 4× faster than answering again on a 2-core CPU.
+  about 4× faster than answering again on a 2-core CPU; :func:`grow_answers` extends such an archive to more
+  prompts, answering only those it lacks.
 * ``max_bytes`` bounds the cache on disk: regeneration stops, and says so, after the batch that reaches it;
   ``max_samples`` answers only a prefix of the shuffled order (a budget a later call can extend).
 """
@@ -316,20 +317,20 @@ class Answers:
         return sum(len(s) - a for s, a in zip(self.sequences, self.answer_starts))
 
 
-def save_answers(directory: str | os.PathLike, path: str | os.PathLike) -> Path:
+def save_answers(directory: str | os.PathLike, path: str | os.PathLike, keys: list[int] | None = None) -> Path:
     """Store the corpus under ``directory`` without its features, compressed into one ``.npz`` at ``path``.
 
     The token ids of a million answer tokens take a few MB where their bf16 features take tens of GB, so the
     answers can be kept with the code and the features rebuilt from them by :func:`rebuild_corpus`: one
-    batched forward per batch of sequences instead of one decode step per answer token. Written atomically;
-    read back with ``allow_pickle=False``.
+    batched forward per batch of sequences instead of one decode step per answer token. ``keys`` keeps only
+    those prompt indices (each must be on disk). Written atomically; read back with ``allow_pickle=False``.
     """
     import numpy as np
 
     directory, path = Path(directory), Path(path)
     if not (directory / "corpus.json").exists():
         raise ValueError(f"{directory} holds no corpus (no corpus.json)")
-    samples = load_corpus(directory)
+    samples = load_corpus(directory, keys)
     if not samples:
         raise ValueError(f"{directory} holds no samples")
     starts = []
@@ -452,6 +453,51 @@ def rebuild_corpus(target, prompts: list[str] | list[list[int]], answers: str | 
              "answer_tokens": report.answer_tokens, "seconds": round(report.seconds, 1), "batch_size": batch_size})
         atomic_write_text(manifest, json.dumps(recorded, indent=2) + "\n")
     return report
+
+
+def answered_corpus(target, prompts: list[str] | list[list[int]], directory: str | os.PathLike,
+                    count: int | None = None, answers: str | os.PathLike | None = None, *,
+                    max_new_tokens: int = 192, temperature: float = 0.0, progress: bool = True) -> list[int]:
+    """Make sure ``directory`` holds the first ``count`` (``None``: all) prompts of ``prompts`` in
+    :func:`corpus_order`, answered by ``target`` (greedily, or sampled at ``temperature``). With ``answers`` (an
+    archive of this corpus) the answers it holds are rebuilt from it and only the prompts it lacks are answered.
+    Returns those prompts' keys."""
+    directory = Path(directory)
+    wanted = corpus_order(len(prompts))[:count]
+    if answers is not None:
+        rebuild_corpus(target, prompts, answers, directory, max_new_tokens=max_new_tokens, keys=wanted,
+                       temperature=temperature, progress=progress)
+    if answers is None or not all(sample_path(directory, key).exists() for key in wanted):
+        build_corpus(target, prompts, directory, max_new_tokens=max_new_tokens, max_samples=count,
+                     temperature=temperature, progress=progress)
+    return wanted
+
+
+def grow_answers(target, prompts: list[str] | list[list[int]], count: int, archive: str | os.PathLike,
+                 directory: str | os.PathLike, *, max_new_tokens: int = 192, temperature: float = 0.0,
+                 progress: bool = True) -> Answers:
+    """Make the answers archive at ``archive`` hold the first ``count`` prompts of ``prompts`` (in
+    :func:`corpus_order`), without training on them.
+
+    The answers it already holds are rebuilt into the corpus under ``directory`` (one forward per batch), the
+    prompts it lacks are answered there, and the archive is rewritten atomically with all ``count``; a missing
+    archive is started. Answering takes hours on a CPU, so one session can grow a pool's archive and a later one
+    train on it (interrupted, a rerun resumes from the corpus on disk). A ``count`` that leaves out answers the
+    archive holds is refused, since rewriting the archive would lose them. Returns the archive's new contents.
+    """
+    archive = Path(archive)
+    if not 1 <= count <= len(prompts):
+        raise ValueError(f"count must be between 1 and the {len(prompts)} prompts, got {count}")
+    wanted = corpus_order(len(prompts))[:count]
+    if archive.exists():
+        beyond = set(load_answers(archive).keys) - set(wanted)
+        if beyond:
+            raise ValueError(f"{archive} holds {len(beyond)} answers beyond the first {count} prompts; ask for at "
+                             "least as many prompts as it holds")
+    answered_corpus(target, prompts, directory, count, archive if archive.exists() else None,
+                    max_new_tokens=max_new_tokens, temperature=temperature, progress=progress)
+    save_answers(directory, archive, keys=wanted)
+    return load_answers(archive)
 
 
 def _encode(target, prompt: str | list[int]) -> list[int]:

@@ -810,39 +810,66 @@ def _extra_pools(corpus_dir: Path, counts: dict[str, int], archives: dict, share
             for name, load, directory, offset, temperature in pools]
 
 
-def _answered_corpus(answering, prompts: list[str], directory: Path, count: int | None,
-                     answers: str | os.PathLike | None, *, max_new_tokens: int, progress: bool,
-                     temperature: float = 0.0) -> list[int]:
-    """Make sure ``directory`` holds the first ``count`` (``None``: all) prompts of ``prompts`` in a corpus's
-    shuffled order, answered by ``answering`` (greedily, or sampled at ``temperature``); with ``answers`` (an
-    archive of this corpus), the answers it holds are rebuilt from it and only the prompts it lacks are answered.
-    Returns those prompts' keys."""
-    from dspark.corpus import build_corpus, corpus_order, rebuild_corpus, sample_path
-
-    wanted = corpus_order(len(prompts))[:count]
-    if answers is not None:
-        rebuild_corpus(answering, prompts, answers, directory, max_new_tokens=max_new_tokens, keys=wanted,
-                       temperature=temperature, progress=progress)
-    if answers is None or not all(sample_path(directory, key).exists() for key in wanted):
-        build_corpus(answering, prompts, directory, max_new_tokens=max_new_tokens, max_samples=count,
-                     temperature=temperature, progress=progress)
-    return wanted
-
-
 def _pool_samples(answering, pool: list[str], directory: Path, count: int, key_offset: int, *, what: str,
                   max_new_tokens: int, answers: str | os.PathLike | None, progress: bool,
                   temperature: float = 0.0) -> list[Sample]:
-    """The first ``count`` prompts of ``pool`` answered into ``directory`` (:func:`_answered_corpus`), keyed
-    from ``key_offset``."""
-    from dspark.corpus import load_corpus
+    """The first ``count`` prompts of ``pool`` answered into ``directory`` (:func:`dspark.corpus.answered_corpus`),
+    keyed from ``key_offset``."""
+    from dspark.corpus import answered_corpus, load_corpus
 
     if count > len(pool):
         raise ValueError(f"{what}_prompts={count}, but its pool holds {len(pool)} prompts")
     if not count:
         return []
-    wanted = _answered_corpus(answering, pool, directory, count, answers, max_new_tokens=max_new_tokens,
-                              progress=progress, temperature=temperature)
+    wanted = answered_corpus(answering, pool, directory, count, answers, max_new_tokens=max_new_tokens,
+                             progress=progress, temperature=temperature)
     return [Sample(s.token_ids, s.loss_mask, key=key_offset + s.key) for s in load_corpus(directory, wanted)]
+
+
+def answer_pool(pool: str, count: int, archive: str | os.PathLike, *, precision: str | None = None,
+                max_new_tokens: int = 192, work_dir: str | os.PathLike | None = None, progress: bool = True) -> dict:
+    """Grow the answers archive of the extra prompt pool ``pool`` (one of :data:`POOL_NAMES` but ``sampled``) to
+    its first ``count`` prompts with the default target, without training (:func:`dspark.corpus.grow_answers`).
+
+    The corpus is written where :func:`train_default_drafter` looks for it under ``work_dir``, so a run that
+    names the grown archive (``<pool>_prompts`` up to ``count``) finds its features on disk. ``precision``
+    (``"auto"``, ``"bf16"`` or ``"fp32"``) is the answering target's; by default the archive's, or ``"auto"`` for a
+    new archive, since answers from targets in two dtypes cannot share one corpus. The ``sampled`` pool
+    answers the ShareGPT training prompts again, which a run's held-out split decides, so it grows only with
+    ``train``. Returns what was done: prompts and answer tokens before and after, and seconds (the archive's manifest
+    records each answering run's tokens/s).
+    """
+    from dspark.corpus import grow_answers, load_answers
+    from dspark.target import cache_root, load_default_target
+
+    growable = [name for name in POOL_NAMES if name != "sampled"]
+    if pool not in growable:
+        raise ValueError(f"pool must be one of {growable}, got {pool!r}"
+                         + ("; the sampled pool depends on a run's held-out split, so `train` answers it"
+                            if pool == "sampled" else ""))
+    if count < 1:
+        raise ValueError(f"count must be positive, got {count}")
+    archive = Path(archive)
+    before = load_answers(archive) if archive.exists() else None
+    if precision is None:
+        dtype = before.manifest.get("settings", {}).get("target_dtype") if before else None
+        precision = {"torch.bfloat16": "bf16", "torch.float32": "fp32"}.get(dtype, "auto")
+    if precision not in ("auto", "fp32", "bf16"):
+        raise ValueError(f"precision must be 'auto', 'fp32' or 'bf16', got {precision!r}")
+    resolved = fastest_precision("cpu") if precision == "auto" else precision
+    work = Path(work_dir) if work_dir else cache_root() / "training"
+    counts = {name: count if name == pool else 0 for name in POOL_NAMES}
+    (spec,) = [p for p in _extra_pools(recipe_corpus_dir(work, resolved, max_new_tokens), counts,
+                                       dict.fromkeys(POOL_NAMES), [], 1.0) if p.name == pool]
+    start = time.perf_counter()
+    answering = load_default_target(dtype=torch.bfloat16 if resolved == "bf16" else torch.float32)
+    grown = grow_answers(answering, spec.prompts, count, archive, spec.directory, max_new_tokens=max_new_tokens,
+                         progress=progress)
+    seconds = time.perf_counter() - start
+    return {"pool": pool, "archive": str(archive), "corpus": str(spec.directory),
+            "prompts_before": len(before.keys) if before else 0, "prompts": len(grown.keys),
+            "answer_tokens_before": before.answer_tokens if before else 0, "answer_tokens": grown.answer_tokens,
+            "seconds": round(seconds, 1)}
 
 
 def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "dspark", num_prompts: int | None = None,
@@ -931,7 +958,7 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     shared weights.
     """
     from dspark.checkpoint import save_drafter
-    from dspark.corpus import load_corpus
+    from dspark.corpus import answered_corpus, load_corpus
     from dspark.data import load_training_prompts
     from dspark.target import cache_root, load_default_target
 
@@ -959,8 +986,8 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     corpus_dir = recipe_corpus_dir(work, resolved, max_new_tokens, num_prompts)
     prompts = load_training_prompts(num_prompts)
     answering = load_default_target(dtype=torch.bfloat16 if resolved == "bf16" else torch.float32)
-    wanted = _answered_corpus(answering, prompts, corpus_dir, corpus_samples, answers,
-                              max_new_tokens=max_new_tokens, progress=progress)
+    wanted = answered_corpus(answering, prompts, corpus_dir, corpus_samples, answers,
+                             max_new_tokens=max_new_tokens, progress=progress)
     if len(wanted) <= held_out:
         raise ValueError(f"the corpus holds {len(wanted)} samples, not more than the {held_out} held out")
     # The held-out sequences are those of the highest prompt indices (load_corpus returns samples by index).

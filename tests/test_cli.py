@@ -75,3 +75,27 @@ def test_the_committed_continuations_name_committed_drafters_of_the_recipe(arm, 
     assert parent["steps"] == recipe["steps"] + config["steps"] * (data_pass - 3)
     for weight in ("ce_weight", "l1_weight"):  # a continuation keeps its parent's loss
         assert all(r["arguments"].get(weight) == config.get(weight) for r in runs)
+
+
+def test_answer_offers_every_pool_but_the_sampled_one():
+    from dspark.__main__ import GROWABLE_POOLS
+    from dspark.training import POOL_NAMES
+
+    assert GROWABLE_POOLS == tuple(name for name in POOL_NAMES if name != "sampled")
+
+
+@pytest.mark.parametrize(("pool", "count", "precision", "message"), [
+    ("sampled", 10, None, "held-out split"), ("sharegpt", 10, None, "pool must be one of"),
+    ("followup", 10, "fp16", "precision must be"), ("followup", 0, None, "count must be positive")])
+def test_answer_refuses_what_it_cannot_answer_before_loading_the_target(pool, count, precision, message, tmp_path,
+                                                                       monkeypatch):
+    import dspark.target
+
+    def no_target(*args, **kwargs):
+        raise AssertionError("the target was loaded before the arguments were checked")
+
+    monkeypatch.setattr(dspark.target, "load_default_target", no_target)
+    from dspark.training import answer_pool
+
+    with pytest.raises(ValueError, match=message):
+        answer_pool(pool, count, tmp_path / "pool.answers.npz", precision=precision, work_dir=tmp_path)

@@ -307,3 +307,37 @@ def test_a_sampled_corpus_records_its_temperature_and_rebuilds_from_its_answers(
                    dtype=torch.float32, progress=False)
     assert [s.token_ids.tolist() for s in load_corpus(tmp_path / "rebuilt")] == \
         [s.token_ids.tolist() for s in load_corpus(tmp_path / "sampled")]
+
+
+def test_an_archive_grows_by_answering_only_the_prompts_it_lacks(tmp_path):
+    """Grown in a fresh directory (as on another machine), the archive's answers are rebuilt rather than answered
+    again, the new prompts are answered, and the grown archive holds what answering all of them at once gives."""
+    import json
+
+    from dspark.corpus import corpus_order, grow_answers
+
+    target = tiny_target(vocab=48)
+    prompts = _prompts(target, count=7)
+    archive = tmp_path / "pool.answers.npz"
+    first = grow_answers(target, prompts, 3, archive, tmp_path / "first", max_new_tokens=9, progress=False)
+    assert first.keys == sorted(corpus_order(7)[:3])
+    grown = grow_answers(target, prompts, 6, archive, tmp_path / "second", max_new_tokens=9, progress=False)
+    assert grown.keys == sorted(corpus_order(7)[:6])
+    manifest = json.loads((tmp_path / "second" / "corpus.json").read_text())
+    assert [r["samples_written"] for r in manifest["rebuilds"]] == [3]
+    assert [r["samples_written"] for r in manifest["runs"]] == [3, 3]
+    assert grown.manifest["runs"] == manifest["runs"]
+    at_once = grow_answers(target, prompts, 6, tmp_path / "at_once.npz", tmp_path / "at_once", max_new_tokens=9,
+                           progress=False)
+    assert at_once.keys == grown.keys and at_once.answer_starts == grown.answer_starts
+    assert all(torch.equal(a, b) for a, b in zip(at_once.sequences, grown.sequences))
+    for old, seq in zip(first.keys, first.sequences):
+        assert torch.equal(grown.sequences[grown.keys.index(old)], seq)
+    # Growing to the same size does nothing new; shrinking would drop answers, and out-of-range sizes are refused.
+    again = grow_answers(target, prompts, 6, archive, tmp_path / "second", max_new_tokens=9, progress=False)
+    assert again.manifest == grown.manifest and again.answer_tokens == grown.answer_tokens
+    with pytest.raises(ValueError, match="beyond the first 5"):
+        grow_answers(target, prompts, 5, archive, tmp_path / "second", max_new_tokens=9, progress=False)
+    for count in (0, 8):
+        with pytest.raises(ValueError, match="between 1 and the 7 prompts"):
+            grow_answers(target, prompts, count, archive, tmp_path / "second", max_new_tokens=9, progress=False)
