@@ -26,11 +26,9 @@ def load_demo_target(precision: str = "auto") -> tuple[TargetModel, str]:
     exactly its own greedy tokens: bf16 rounds coarsely enough that verify passes computed in another order would
     flip tokens at near-ties. Returns ``(target, description)``."""
     from dspark.target import load_default_target
-    from dspark.training import fastest_precision
+    from dspark.training import resolve_precision
 
-    if precision not in ("auto", "bf16", "fp32"):
-        raise ValueError(f"precision must be 'auto', 'bf16' or 'fp32', got {precision!r}")
-    resolved = fastest_precision() if precision == "auto" else precision
+    resolved = resolve_precision(precision)
     bf16 = resolved == "bf16"
     target = load_default_target(dtype=torch.bfloat16 if bf16 else torch.float32, invariant_attention=bf16)
     how = "bf16 with invariant attention" if bf16 else "fp32"

@@ -723,6 +723,14 @@ def fastest_precision(device: str = "cpu") -> str:
     return "bf16" if best[torch.bfloat16] < best[torch.float32] else "fp32"
 
 
+def resolve_precision(precision: str, device: str = "cpu") -> str:
+    """``"bf16"`` or ``"fp32"`` for a requested ``precision``: itself, or for ``"auto"`` :func:`fastest_precision`
+    on ``device``; anything else is refused."""
+    if precision not in ("auto", "fp32", "bf16"):
+        raise ValueError(f"precision must be 'auto', 'fp32' or 'bf16', got {precision!r}")
+    return fastest_precision(device) if precision == "auto" else precision
+
+
 # The extra prompt pools' samples train under their corpus key plus these, above every ShareGPT key (six-digit
 # file names), so one feature source can route each sample to its corpus.
 CODE_KEY_OFFSET = 1_000_000
@@ -854,9 +862,7 @@ def answer_pool(pool: str, count: int, archive: str | os.PathLike, *, precision:
     if precision is None:
         dtype = before.manifest.get("settings", {}).get("target_dtype") if before else None
         precision = {"torch.bfloat16": "bf16", "torch.float32": "fp32"}.get(dtype, "auto")
-    if precision not in ("auto", "fp32", "bf16"):
-        raise ValueError(f"precision must be 'auto', 'fp32' or 'bf16', got {precision!r}")
-    resolved = fastest_precision("cpu") if precision == "auto" else precision
+    resolved = resolve_precision(precision)
     work = Path(work_dir) if work_dir else cache_root() / "training"
     counts = {name: count if name == pool else 0 for name in POOL_NAMES}
     (spec,) = [p for p in _extra_pools(recipe_corpus_dir(work, resolved, max_new_tokens), counts,
@@ -966,8 +972,7 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     commit = source_commit()  # the code that trains, not whatever is checked out when the run ends an hour later
     work = Path(work_dir) if work_dir else cache_root() / "training"
     t0 = time.perf_counter()
-    if precision not in ("auto", "fp32", "bf16"):
-        raise ValueError(f"precision must be 'auto', 'fp32' or 'bf16', got {precision!r}")
+    resolved = resolve_precision(precision)
     # Refuse bad weights or dropout before the corpus phase, which may take hours.
     TrainConfig(objective=objective, ce_weight=ce_weight, l1_weight=l1_weight, dropout=dropout)
     counts = {"code": code_prompts, "math": math_prompts, "math2": math2_prompts, "math3": math3_prompts,
@@ -982,7 +987,6 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
             raise ValueError(f"{what}_prompts must be 0 or more, got {count}")
         if archive is not None and not count:
             raise ValueError(f"{what}_answers is given but {what}_prompts is 0, so the archive would not be read")
-    resolved = fastest_precision("cpu") if precision == "auto" else precision
     corpus_dir = recipe_corpus_dir(work, resolved, max_new_tokens, num_prompts)
     prompts = load_training_prompts(num_prompts)
     answering = load_default_target(dtype=torch.bfloat16 if resolved == "bf16" else torch.float32)
