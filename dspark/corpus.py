@@ -24,7 +24,7 @@ no second forward over the answers is needed.
 * :func:`save_answers` keeps a corpus without its features (token ids only: a few MB, small enough to commit)
   and :func:`rebuild_corpus` turns that back into the corpus with one forward per batch of whole sequences,
   about 4× faster than answering again on a 2-core CPU; :func:`grow_answers` extends such an archive to more
-  prompts, answering only those it lacks.
+  prompts, answering only those it lacks and leaving the features of those it holds unbuilt.
 * ``max_bytes`` bounds the cache on disk: regeneration stops, and says so, after the batch that reaches it;
   ``max_samples`` answers only a prefix of the shuffled order (a budget a later call can extend).
 """
@@ -35,6 +35,7 @@ import json
 import os
 import random
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -142,7 +143,8 @@ def build_corpus(target, prompts: list[str] | list[list[int]], directory: str | 
                  max_new_tokens: int = 192,
                  batch_size: int = 64, round_size: int = 1024, max_bytes: int = 40 << 30,
                  dtype: torch.dtype = torch.bfloat16, min_active_fraction: float = 0.25, seed: int = 0,
-                 temperature: float = 0.0, max_samples: int | None = None, progress: bool = True) -> CorpusReport:
+                 temperature: float = 0.0, max_samples: int | None = None, exclude: Collection[int] = (),
+                 progress: bool = True) -> CorpusReport:
     """Answer ``prompts`` with ``target`` and store samples with features under ``directory``.
 
     A prompt is chat text (encoded with the target's chat template) or a list of token ids (used as is).
@@ -150,9 +152,10 @@ def build_corpus(target, prompts: list[str] | list[list[int]], directory: str | 
     :func:`sampling_seed` of ``seed`` and ``i``.
 
     Prompts are answered in the order :func:`corpus_order` gives; ``max_samples`` stops after the first
-    ``max_samples`` of that order (a budget, so a later call may extend the corpus with the same settings).
-    Resumable: samples already written are kept and skipped. Records its settings in ``corpus.json`` and
-    refuses to continue a corpus made with other settings or another prompt list.
+    ``max_samples`` of that order (a budget, so a later call may extend the corpus with the same settings);
+    ``exclude`` leaves out prompt indices answered elsewhere (an archive's, which :func:`grow_answers` merges
+    with this corpus). Resumable: samples already written are kept and skipped. Records its settings in
+    ``corpus.json`` and refuses to continue a corpus made with other settings or another prompt list.
     """
     if batch_size < 1 or round_size < 1 or max_new_tokens < 1:
         raise ValueError("batch_size, round_size and max_new_tokens must be positive")
@@ -162,7 +165,8 @@ def build_corpus(target, prompts: list[str] | list[list[int]], directory: str | 
     directory.mkdir(parents=True, exist_ok=True)
     manifest = _open_manifest(directory, _settings(target, prompts, max_new_tokens, seed, dtype, temperature))
     order = corpus_order(len(prompts), seed)[:max_samples]
-    todo = [i for i in order if not sample_path(directory, i).exists()]
+    excluded = set(exclude)
+    todo = [i for i in order if i not in excluded and not sample_path(directory, i).exists()]
     used = sum(p.stat().st_size for p in directory.glob("*.safetensors"))
     report = CorpusReport(0, 0, 0.0, len(order) - len(todo), False)
     bar = None
@@ -317,36 +321,46 @@ class Answers:
         return sum(len(s) - a for s, a in zip(self.sequences, self.answer_starts))
 
 
-def save_answers(directory: str | os.PathLike, path: str | os.PathLike, keys: list[int] | None = None) -> Path:
+def save_answers(directory: str | os.PathLike, path: str | os.PathLike, keys: list[int] | None = None,
+                 base: Answers | None = None) -> Path:
     """Store the corpus under ``directory`` without its features, compressed into one ``.npz`` at ``path``.
 
     The token ids of a million answer tokens take a few MB where their bf16 features take tens of GB, so the
     answers can be kept with the code and the features rebuilt from them by :func:`rebuild_corpus`: one
     batched forward per batch of sequences instead of one decode step per answer token. ``keys`` keeps only
-    those prompt indices (each must be on disk). Written atomically; read back with ``allow_pickle=False``.
+    those prompt indices; each is taken from ``base`` (an archive of this corpus, as :func:`load_answers`
+    reads it) where that holds it, else from disk. The manifest is the directory's. Written atomically; read
+    back with ``allow_pickle=False``.
     """
     import numpy as np
 
     directory, path = Path(directory), Path(path)
     if not (directory / "corpus.json").exists():
         raise ValueError(f"{directory} holds no corpus (no corpus.json)")
-    samples = load_corpus(directory, keys)
-    if not samples:
-        raise ValueError(f"{directory} holds no samples")
-    starts = []
-    for sample in samples:
+    wanted = None if keys is None else set(keys)
+    entries = [] if base is None else [(key, sequence, start)
+                                       for key, sequence, start in zip(base.keys, base.sequences, base.answer_starts)
+                                       if wanted is None or key in wanted]
+    taken = {key for key, _, _ in entries}
+    from_disk = None if keys is None else [k for k in keys if k not in taken]
+    for sample in load_corpus(directory, from_disk) if from_disk != [] else []:
+        if sample.key in taken:
+            continue
         start = int(sample.loss_mask.long().argmax()) if bool(sample.loss_mask.any()) else len(sample.token_ids)
         if not bool(sample.loss_mask[start:].all()) or bool(sample.loss_mask[:start].any()):
             raise ValueError(f"sample {sample.key}: its loss mask is not a prompt followed by an answer")
-        starts.append(start)
-    ids = torch.cat([s.token_ids for s in samples])
+        entries.append((sample.key, sample.token_ids, start))
+    if not entries:
+        raise ValueError(f"{directory} holds no samples")
+    entries.sort(key=lambda entry: entry[0])
+    ids = torch.cat([sequence for _, sequence, _ in entries])
     id_dtype = np.uint16 if int(ids.max()) < 2 ** 16 else np.int32
-    lengths = torch.tensor([len(s.token_ids) for s in samples])
+    lengths = torch.tensor([len(sequence) for _, sequence, _ in entries])
     manifest = json.loads((directory / "corpus.json").read_text(encoding="utf-8"))
-    arrays = {"keys": np.array([s.key for s in samples], dtype=np.int64),
+    arrays = {"keys": np.array([key for key, _, _ in entries], dtype=np.int64),
               "offsets": np.concatenate([[0], np.cumsum(lengths.numpy())]).astype(np.int64),
-              "answer_starts": np.array(starts, dtype=np.int64), "token_ids": ids.numpy().astype(id_dtype),
-              "manifest": np.array(json.dumps(manifest))}
+              "answer_starts": np.array([start for _, _, start in entries], dtype=np.int64),
+              "token_ids": ids.numpy().astype(id_dtype), "manifest": np.array(json.dumps(manifest))}
 
     def write(tmp: str) -> None:
         with open(tmp, "wb") as f:
@@ -409,11 +423,7 @@ def rebuild_corpus(target, prompts: list[str] | list[list[int]], answers: str | 
     wanted = None if keys is None else set(keys)
     todo = [i for i, key in enumerate(stored.keys)
             if (wanted is None or key in wanted) and not sample_path(directory, key).exists()]
-    for i in todo:
-        prompt = _encode(target, prompts[stored.keys[i]])
-        if stored.sequences[i][: stored.answer_starts[i]].tolist() != prompt:
-            raise ValueError(f"prompt {stored.keys[i]} encodes differently from the stored one (another tokenizer "
-                             "or chat template?); answer the prompts with build_corpus instead")
+    _check_prompts(target, prompts, stored, todo)
     todo.sort(key=lambda i: len(stored.sequences[i]))
     report = CorpusReport(0, 0, 0.0, len(stored.keys) - len(todo), False)
     bar = None
@@ -479,25 +489,51 @@ def grow_answers(target, prompts: list[str] | list[list[int]], count: int, archi
     """Make the answers archive at ``archive`` hold the first ``count`` prompts of ``prompts`` (in
     :func:`corpus_order`), without training on them.
 
-    The answers it already holds are rebuilt into the corpus under ``directory`` (one forward per batch), the
-    prompts it lacks are answered there, and the archive is rewritten atomically with all ``count``; a missing
-    archive is started. Answering takes hours on a CPU, so one session can grow a pool's archive and a later one
-    train on it (interrupted, a rerun resumes from the corpus on disk). A ``count`` that leaves out answers the
-    archive holds is refused, since rewriting the archive would lose them. Returns the archive's new contents.
+    Only the prompts the archive lacks are answered, into the corpus under ``directory`` (with their features,
+    which answering reads anyway); the answers it holds are kept as they are, their features left for a training
+    run to rebuild. The archive is then rewritten atomically with all ``count``, its manifest recording the new
+    answering runs after the old; a missing archive is started. Answering takes hours on a CPU, so one session
+    can grow a pool's archive and a later one train on it (interrupted, a rerun resumes from the corpus on disk).
+    The archive must have been answered with the settings given here (target dtype included: answers of two
+    dtypes are two corpora), and a ``count`` that leaves out answers it holds is refused, since rewriting it
+    would lose them. Returns the archive's new contents.
     """
     archive = Path(archive)
     if not 1 <= count <= len(prompts):
         raise ValueError(f"count must be between 1 and the {len(prompts)} prompts, got {count}")
     wanted = corpus_order(len(prompts))[:count]
-    if archive.exists():
-        beyond = set(load_answers(archive).keys) - set(wanted)
+    settings = _settings(target, prompts, max_new_tokens, 0, torch.bfloat16, temperature)
+    held = load_answers(archive) if archive.exists() else None
+    if held is not None:
+        beyond = set(held.keys) - set(wanted)
         if beyond:
             raise ValueError(f"{archive} holds {len(beyond)} answers beyond the first {count} prompts; ask for at "
                              "least as many prompts as it holds")
-    answered_corpus(target, prompts, directory, count, archive if archive.exists() else None,
-                    max_new_tokens=max_new_tokens, temperature=temperature, progress=progress)
-    save_answers(directory, archive, keys=wanted)
+        # Which dtype rebuilt an archive's features says nothing about its answers.
+        recorded = {k: v for k, v in held.manifest.get("settings", {}).items() if k != "features_target_dtype"}
+        differ = sorted(k for k in set(recorded) | set(settings) if recorded.get(k) != settings.get(k))
+        if differ:
+            raise ValueError(f"{archive} was answered with other settings (differing: {differ}); grow it with the "
+                             "target and settings that answered it")
+        _check_prompts(target, prompts, held, range(len(held.keys)))
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    if held is not None and not (directory / "corpus.json").exists():
+        # The corpus starts with the archive's record, so the rewritten archive keeps its earlier runs.
+        record = {**held.manifest, "settings": settings}
+        atomic_write_text(directory / "corpus.json", json.dumps(record, indent=2) + "\n")
+    build_corpus(target, prompts, directory, max_new_tokens=max_new_tokens, max_samples=count,
+                 temperature=temperature, exclude=held.keys if held is not None else (), progress=progress)
+    save_answers(directory, archive, keys=wanted, base=held)
     return load_answers(archive)
+
+
+def _check_prompts(target, prompts: list[str] | list[list[int]], stored: Answers, indices) -> None:
+    """Refuse an archive whose prompts (at positions ``indices`` of ``stored``) the target encodes otherwise."""
+    for i in indices:
+        if stored.sequences[i][: stored.answer_starts[i]].tolist() != _encode(target, prompts[stored.keys[i]]):
+            raise ValueError(f"prompt {stored.keys[i]} encodes differently from the stored one (another tokenizer "
+                             "or chat template?); answer the prompts with build_corpus instead")
 
 
 def _encode(target, prompt: str | list[int]) -> list[int]:

@@ -310,11 +310,12 @@ def test_a_sampled_corpus_records_its_temperature_and_rebuilds_from_its_answers(
 
 
 def test_an_archive_grows_by_answering_only_the_prompts_it_lacks(tmp_path):
-    """Grown in a fresh directory (as on another machine), the archive's answers are rebuilt rather than answered
-    again, the new prompts are answered, and the grown archive holds what answering all of them at once gives."""
+    """Grown in a fresh directory (as on another machine), the archive's answers are kept without answering them
+    again or rebuilding their features, the new prompts are answered, and the grown archive holds what answering
+    all of them at once gives; a training run on that directory then rebuilds only the features it lacks."""
     import json
 
-    from dspark.corpus import corpus_order, grow_answers
+    from dspark.corpus import answered_corpus, corpus_order, grow_answers, sample_path
 
     target = tiny_target(vocab=48)
     prompts = _prompts(target, count=7)
@@ -324,8 +325,10 @@ def test_an_archive_grows_by_answering_only_the_prompts_it_lacks(tmp_path):
     grown = grow_answers(target, prompts, 6, archive, tmp_path / "second", max_new_tokens=9, progress=False)
     assert grown.keys == sorted(corpus_order(7)[:6])
     manifest = json.loads((tmp_path / "second" / "corpus.json").read_text())
-    assert [r["samples_written"] for r in manifest["rebuilds"]] == [3]
+    assert "rebuilds" not in manifest
     assert [r["samples_written"] for r in manifest["runs"]] == [3, 3]
+    on_disk = [key for key in grown.keys if sample_path(tmp_path / "second", key).exists()]
+    assert on_disk == sorted(set(grown.keys) - set(first.keys))
     assert grown.manifest["runs"] == manifest["runs"]
     at_once = grow_answers(target, prompts, 6, tmp_path / "at_once.npz", tmp_path / "at_once", max_new_tokens=9,
                            progress=False)
@@ -341,3 +344,11 @@ def test_an_archive_grows_by_answering_only_the_prompts_it_lacks(tmp_path):
     for count in (0, 8):
         with pytest.raises(ValueError, match="between 1 and the 7 prompts"):
             grow_answers(target, prompts, count, archive, tmp_path / "second", max_new_tokens=9, progress=False)
+    # Answers under another budget would be another corpus.
+    with pytest.raises(ValueError, match=r"other settings \(differing: \['max_new_tokens'\]\)"):
+        grow_answers(target, prompts, 7, archive, tmp_path / "third", max_new_tokens=8, progress=False)
+    answered_corpus(target, prompts, tmp_path / "second", 6, archive, max_new_tokens=9, progress=False)
+    manifest = json.loads((tmp_path / "second" / "corpus.json").read_text())
+    assert [r["samples_written"] for r in manifest["rebuilds"]] == [3]
+    assert [r["samples_written"] for r in manifest["runs"]] == [3, 3]
+    assert [s.token_ids.tolist() for s in load_corpus(tmp_path / "second")] == [s.tolist() for s in grown.sequences]
