@@ -8,8 +8,10 @@ the drafter memorises its data, which more data or regularisation (the recipe's 
 would mean it is too small to fit even what it saw. A mean of drafters' weights (``python -m dspark average``) is
 measured like any drafter, on every pool one of its ingredients trained on.
 
-The corpora are read from the recipe's cache: run the recipe's config first (``python -m dspark train --config
-benchmarks/recipes/<pass>.json``), which answers or rebuilds them. Writes ``generalization_cpu.json``.
+The samples are read from the recipe's cache where it holds them, else from the run's committed answers archives
+(``benchmarks/recipes/``); features the cache lacks (a fresh machine, or a run with ``features="lazy"``, which
+stores only those it read) are computed by the target in the run's precision and stored there, as training would.
+Writes ``generalization_cpu.json``.
 
     python benchmarks/bench_generalization.py [DRAFTER_DIR ...] [--samples 48] [--out benchmarks/results]
 """
@@ -21,11 +23,13 @@ import json
 import sys
 from pathlib import Path
 
+import torch
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.environment import write_result  # noqa: E402
 from dspark.checkpoint import load_drafter, read_checkpoint_config, shipped_drafter_dir  # noqa: E402
-from dspark.corpus import corpus_order, load_corpus  # noqa: E402
+from dspark.corpus import corpus_order, load_answers, load_corpus, sample_path  # noqa: E402
 from dspark.data import held_out_followups, load_training_prompts  # noqa: E402
 from dspark.target import load_default_target  # noqa: E402
 from dspark.training import (  # noqa: E402
@@ -67,19 +71,36 @@ def last_run_curve(meta: dict) -> list[dict]:
     return [{"step": c["step"], "tau_prob": c["eval_tau_prob"]} for c in meta.get("curve", []) if c["step"] >= start]
 
 
-def evaluate(target, drafter, directory: Path, samples, arguments: dict, precision: str) -> dict:
+RECIPES = Path(__file__).resolve().parent / "recipes"
+
+
+def archive(arguments: dict, key: str) -> Path | None:
+    """The committed answers archive that training ``arguments`` name under ``key`` (``answers``,
+    ``<pool>_answers``), if any."""
+    return RECIPES / arguments[key] if arguments.get(key) else None
+
+
+def pool_samples(directory: Path, keys: list[int], answers: Path | None) -> list:
+    """The samples of prompt ``keys`` from the corpus at ``directory``, or from the archive ``answers`` when the
+    corpus lacks some."""
+    if answers is None or all(sample_path(directory, key).exists() for key in keys):
+        return load_corpus(directory, keys)
+    return load_answers(answers).samples(keys)
+
+
+def evaluate(target, features_target, drafter, directory: Path, samples, arguments: dict, precision: str) -> dict:
     """Training's evaluation of ``drafter`` on ``samples`` of the corpus at ``directory``, with the anchors per
-    sequence of its training ``arguments``."""
-    source = OfflineFeatures(directory, target.tap_layers, target.hidden_size)
+    sequence of its training ``arguments``; ``features_target`` computes the features the corpus lacks."""
+    source = OfflineFeatures(directory, target.tap_layers, target.hidden_size, target=features_target)
     config = TrainConfig(num_anchors=arguments["num_anchors"], precision=precision, objective="dspark")
     result = Trainer(drafter, target.lm_head_weight(), source, samples, config, held_out=samples).evaluate()
     return {"sequences": len(samples), "tau_prob": result["eval_tau_prob"], "ce": result["eval_ce"],
             "l1": result["eval_l1"], "slot1_accuracy": result["eval_accuracy"][0]}
 
 
-def measure(target, directory: Path, count: int) -> dict:
-    """The groups' scores for the drafter at ``directory``, which the recipe must have trained on corpora that are
-    in the cache."""
+def measure(target, directory: Path, count: int, features_targets: dict) -> dict:
+    """The groups' scores for the drafter at ``directory``; ``features_targets`` caches the target of each
+    precision that computes missing features."""
     meta = read_checkpoint_config(directory).get("metadata", {})
     run = meta.get("run", {})
     arguments = run.get("arguments")
@@ -87,9 +108,13 @@ def measure(target, directory: Path, count: int) -> dict:
         raise SystemExit(f"{directory}: not a DSpark drafter the recipe trained (no training record)")
     precision = run["train_config"]["precision"]
     try:
-        corpus, train, held_out = recipe_sharegpt_split(arguments, precision)
+        corpus, train, held_out = recipe_sharegpt_split(arguments, precision, answers=archive(arguments, "answers"))
     except ValueError as error:
         raise SystemExit(str(error)) from None
+    if precision not in features_targets:
+        features_targets[precision] = load_default_target(
+            dtype=torch.bfloat16 if precision == "bf16" else torch.float32)
+    features = features_targets[precision]
     prompts = load_training_prompts(arguments["num_prompts"])
     drafter = load_drafter(directory, target)
     row = {"drafter": directory.name, "steps": meta.get("steps"), "lr": arguments.get("lr"),
@@ -98,21 +123,23 @@ def measure(target, directory: Path, count: int) -> dict:
            "sampled_temperature": arguments.get("sampled_temperature") if arguments.get("sampled_prompts") else None,
            "followup_prompts": arguments.get("followup_prompts", 0),
            "average_of": [a["directory"] for a in meta.get("average_of", [])],
-           "held_out": evaluate(target, drafter, corpus, held_out, arguments, precision),
-           "train": evaluate(target, drafter, corpus, spread(train, count), arguments, precision),
+           "held_out": evaluate(target, features, drafter, corpus, held_out, arguments, precision),
+           "train": evaluate(target, features, drafter, corpus, spread(train, count), arguments, precision),
            "recorded_held_out_tau_prob": meta.get("final", {}).get("eval_tau_prob"),
            "last_run_curve": last_run_curve(meta)}
     for name, pool_dir in POOLS.items():
         if arguments.get(f"{name}_prompts"):
-            directory = pool_dir(corpus, arguments)
+            directory, answers = pool_dir(corpus, arguments), archive(arguments, f"{name}_answers")
             # The pool's corpus answered the first <pool>_prompts of its own shuffled order.
-            pool_size = json.loads((directory / "corpus.json").read_text(encoding="utf-8"))["settings"]["num_prompts"]
-            keys = corpus_order(pool_size)[: arguments[f"{name}_prompts"]]
+            manifest = directory / "corpus.json"
+            recorded = json.loads(manifest.read_text(encoding="utf-8")) if manifest.exists() or answers is None \
+                else load_answers(answers).manifest
+            keys = corpus_order(recorded["settings"]["num_prompts"])[: arguments[f"{name}_prompts"]]
             if name == "followup":  # training left out the turns of held-out conversations
                 dropped = held_out_followups({prompts[s.key] for s in held_out})
                 keys = [key for key in keys if key not in dropped]
-            row[f"{name}_train"] = evaluate(target, drafter, directory, load_corpus(directory, keys[:count]),
-                                            arguments, precision)
+            row[f"{name}_train"] = evaluate(target, features, drafter, directory,
+                                            pool_samples(directory, keys[:count], answers), arguments, precision)
     return row
 
 
@@ -125,9 +152,9 @@ def main(argv=None) -> int:
     if args.samples < 1:
         raise SystemExit("--samples must be positive")
     target = load_default_target()
-    rows = []
+    rows, features_targets = [], {}
     for directory in args.drafters or [shipped_drafter_dir()]:
-        rows.append(measure(target, directory, args.samples))
+        rows.append(measure(target, directory, args.samples, features_targets))
         groups = {k: v for k, v in rows[-1].items() if isinstance(v, dict)}
         print(f"{directory.name}: " + ", ".join(f"{k} tau_prob {v['tau_prob']:.3f} (CE {v['ce']:.2f})"
                                                 for k, v in groups.items()))

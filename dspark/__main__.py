@@ -60,7 +60,8 @@ def _train_settings(args) -> dict:
         settings.update(loaded)
     flags = {"objective": args.objective, "steps": args.steps, "num_prompts": args.prompts,
              "num_draft_layers": args.layers, "block_size": args.block_size, "precision": args.precision,
-             "ce_weight": args.ce_weight, "l1_weight": args.l1_weight, "continue_from": args.continue_from}
+             "ce_weight": args.ce_weight, "l1_weight": args.l1_weight, "continue_from": args.continue_from,
+             "features": args.features}
     settings.update({k: v for k, v in flags.items() if v is not None})
     return settings
 
@@ -103,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
                        help="a drafter directory this command wrote (same objective and data): train it further, "
                             "the learning-rate schedule starting over and the data picking up where it stopped; "
                             "with more --layers than it has, layers that start out adding nothing are stacked on top")
+    train.add_argument("--features", choices=["eager", "lazy"], default=None,
+                       help="eager (default): rebuild the features of every archived answer before training; lazy: "
+                            "compute each when training first reads it, so a run pays only for what it reads")
     train.add_argument("--output", default=None, help="default: the cache the demo reads")
     answer = sub.add_parser("answer", help="answer more prompts of an extra pool into its answers archive, "
                                            "without training (a later `train` rebuilds them from the archive)")
@@ -110,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     answer.add_argument("--prompts", type=int, required=True,
                         help="how many of the pool's prompts the archive should hold (a prefix of its shuffled order)")
     answer.add_argument("--archive", required=True,
-                        help="the pool's answers archive (.npz): the answers it holds are rebuilt, not answered "
+                        help="the pool's answers archive (.npz): the answers it holds are kept, not answered "
                              "again, and it is rewritten holding all --prompts; a missing one is started")
     answer.add_argument("--precision", choices=["auto", "bf16", "fp32"], default=None,
                         help="the answering target's dtype (default: the archive's, or auto for a new archive)")

@@ -243,9 +243,9 @@ def _settings(target, prompts: list[str] | list[list[int]], max_new_tokens: int,
     return settings
 
 
-def _open_manifest(directory: Path, settings: dict, runs: list[dict] | None = None) -> Path:
-    """``directory/corpus.json``, created with ``settings`` (and ``runs``, the answering runs' record), or checked
-    against them if it exists."""
+def _open_manifest(directory: Path, settings: dict, record: dict | None = None) -> Path:
+    """``directory/corpus.json``, created with ``settings`` and the rest of ``record`` (an archive's manifest: its
+    answering runs and rebuilds), or checked against ``settings`` if it exists."""
     manifest = directory / "corpus.json"
     if manifest.exists():
         recorded = json.loads(manifest.read_text(encoding="utf-8"))
@@ -253,7 +253,8 @@ def _open_manifest(directory: Path, settings: dict, runs: list[dict] | None = No
             raise ValueError(f"{directory} holds a corpus made with other settings ({recorded.get('settings')}); "
                              "use another directory")
     else:
-        atomic_write_text(manifest, json.dumps({"settings": settings, "runs": list(runs or [])}, indent=2) + "\n")
+        created = {"runs": [], **(record or {}), "settings": settings}
+        atomic_write_text(manifest, json.dumps(created, indent=2) + "\n")
     return manifest
 
 
@@ -319,6 +320,21 @@ class Answers:
     @property
     def answer_tokens(self) -> int:
         return sum(len(s) - a for s, a in zip(self.sequences, self.answer_starts))
+
+    def samples(self, keys: Collection[int] | None = None) -> list[Sample]:
+        """The answers of prompt indices ``keys`` (default: all), by index, as :func:`load_corpus` gives a corpus's
+        samples: token ids and a loss mask over the answer, keyed by prompt index (no features)."""
+        selected = None if keys is None else set(keys)
+        samples = []
+        for key, sequence, start in zip(self.keys, self.sequences, self.answer_starts):
+            if selected is None or key in selected:
+                mask = torch.zeros(len(sequence), dtype=torch.bool)
+                mask[start:] = True
+                samples.append(Sample(sequence, mask, key=key))
+        if selected is not None and len(samples) != len(selected):
+            raise ValueError(f"the archive lacks {len(selected) - len(samples)} of the {len(selected)} answers "
+                             "asked for")
+        return sorted(samples, key=lambda sample: sample.key)
 
 
 def save_answers(directory: str | os.PathLike, path: str | os.PathLike, keys: list[int] | None = None,
@@ -408,18 +424,9 @@ def rebuild_corpus(target, prompts: list[str] | list[list[int]], answers: str | 
     """
     if batch_size < 1:
         raise ValueError("batch_size must be positive")
-    stored = load_answers(answers)
-    settings = stored.manifest.get("settings", {})
-    expected = _settings(target, prompts, max_new_tokens, seed, dtype, temperature)
-    differ = sorted(k for k in set(settings) | set(expected) if settings.get(k) != expected.get(k))
-    if differ and differ != ["target_dtype"]:
-        raise ValueError(f"the answers at {answers} were made with other settings (differing: {differ}); "
-                         "answer these prompts with build_corpus instead")
-    if differ:
-        settings = {**settings, "features_target_dtype": expected["target_dtype"]}
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    manifest = _open_manifest(directory, settings, stored.manifest.get("runs"))
+    stored, manifest = _open_archive(target, prompts, answers, directory, max_new_tokens=max_new_tokens, seed=seed,
+                                     dtype=dtype, temperature=temperature)
     wanted = None if keys is None else set(keys)
     todo = [i for i, key in enumerate(stored.keys)
             if (wanted is None or key in wanted) and not sample_path(directory, key).exists()]
@@ -465,22 +472,59 @@ def rebuild_corpus(target, prompts: list[str] | list[list[int]], answers: str | 
     return report
 
 
+def _open_archive(target, prompts: list[str] | list[list[int]], answers: str | os.PathLike, directory: Path, *,
+                  max_new_tokens: int, seed: int = 0, dtype: torch.dtype = torch.bfloat16, temperature: float = 0.0,
+                  same_dtype: bool = False) -> tuple[Answers, Path]:
+    """The archive at ``answers``, checked against the settings given here, and the corpus under ``directory``
+    opened with its record (:func:`_open_manifest`). Its target dtype may differ from ``target``'s unless
+    ``same_dtype`` (features computed by a target in another dtype differ only by rounding, and the corpus records
+    that dtype as ``features_target_dtype``; new answers would be another corpus). Returns the archive and the
+    corpus manifest's path."""
+    stored = load_answers(answers)
+    # Which dtype computed an archive's features says nothing about its answers.
+    recorded = {k: v for k, v in stored.manifest.get("settings", {}).items() if k != "features_target_dtype"}
+    expected = _settings(target, prompts, max_new_tokens, seed, dtype, temperature)
+    differ = sorted(k for k in set(recorded) | set(expected) if recorded.get(k) != expected.get(k))
+    if differ and (same_dtype or differ != ["target_dtype"]):
+        raise ValueError(f"the answers at {answers} were made with other settings (differing: {differ}); "
+                         "use the target and settings that answered them, or answer these prompts anew")
+    settings = {**recorded, "features_target_dtype": expected["target_dtype"]} if differ else recorded
+    directory.mkdir(parents=True, exist_ok=True)
+    return stored, _open_manifest(directory, settings, stored.manifest)
+
+
 def answered_corpus(target, prompts: list[str] | list[list[int]], directory: str | os.PathLike,
                     count: int | None = None, answers: str | os.PathLike | None = None, *,
-                    max_new_tokens: int = 192, temperature: float = 0.0, progress: bool = True) -> list[int]:
-    """Make sure ``directory`` holds the first ``count`` (``None``: all) prompts of ``prompts`` in
-    :func:`corpus_order`, answered by ``target`` (greedily, or sampled at ``temperature``). With ``answers`` (an
-    archive of this corpus) the answers it holds are rebuilt from it and only the prompts it lacks are answered.
-    Returns those prompts' keys."""
+                    max_new_tokens: int = 192, temperature: float = 0.0, lazy_features: bool = False,
+                    progress: bool = True) -> list[Sample]:
+    """The first ``count`` (``None``: all) prompts of ``prompts`` in :func:`corpus_order`, answered by ``target``
+    (greedily, or sampled at ``temperature``) into the corpus under ``directory``.
+
+    With ``answers`` (an archive of this corpus) the answers it holds are not answered again: their features are
+    rebuilt under ``directory`` first (:func:`rebuild_corpus`), or with ``lazy_features`` left for whoever reads
+    them to compute (:class:`dspark.training.OfflineFeatures` given a target computes and stores a missing one),
+    so a run pays only for the samples it reads. The prompts the archive lacks are answered, their features
+    captured while answering. Returns the samples (token ids and loss masks, no features), by prompt index.
+    """
     directory = Path(directory)
     wanted = corpus_order(len(prompts))[:count]
-    if answers is not None:
+    kept: set[int] = set()
+    if answers is not None and lazy_features:
+        stored, _ = _open_archive(target, prompts, answers, directory, max_new_tokens=max_new_tokens,
+                                  temperature=temperature)
+        kept = set(stored.keys) & set(wanted)
+        _check_prompts(target, prompts, stored, [i for i, key in enumerate(stored.keys) if key in kept])
+    elif answers is not None:
         rebuild_corpus(target, prompts, answers, directory, max_new_tokens=max_new_tokens, keys=wanted,
                        temperature=temperature, progress=progress)
-    if answers is None or not all(sample_path(directory, key).exists() for key in wanted):
+    answered = [key for key in wanted if key not in kept]
+    if not all(sample_path(directory, key).exists() for key in answered):
         build_corpus(target, prompts, directory, max_new_tokens=max_new_tokens, max_samples=count,
-                     temperature=temperature, progress=progress)
-    return wanted
+                     temperature=temperature, exclude=kept, progress=progress)
+    samples = load_corpus(directory, answered) if answered else []
+    if kept:
+        samples = sorted(samples + stored.samples(kept), key=lambda sample: sample.key)
+    return samples
 
 
 def grow_answers(target, prompts: list[str] | list[list[int]], count: int, archive: str | os.PathLike,
@@ -498,30 +542,19 @@ def grow_answers(target, prompts: list[str] | list[list[int]], count: int, archi
     dtypes are two corpora), and a ``count`` that leaves out answers it holds is refused, since rewriting it
     would lose them. Returns the archive's new contents.
     """
-    archive = Path(archive)
+    archive, directory = Path(archive), Path(directory)
     if not 1 <= count <= len(prompts):
         raise ValueError(f"count must be between 1 and the {len(prompts)} prompts, got {count}")
     wanted = corpus_order(len(prompts))[:count]
-    settings = _settings(target, prompts, max_new_tokens, 0, torch.bfloat16, temperature)
-    held = load_answers(archive) if archive.exists() else None
-    if held is not None:
-        beyond = set(held.keys) - set(wanted)
+    held = None
+    if archive.exists():
+        beyond = set(load_answers(archive).keys) - set(wanted)
         if beyond:
             raise ValueError(f"{archive} holds {len(beyond)} answers beyond the first {count} prompts; ask for at "
                              "least as many prompts as it holds")
-        # Which dtype rebuilt an archive's features says nothing about its answers.
-        recorded = {k: v for k, v in held.manifest.get("settings", {}).items() if k != "features_target_dtype"}
-        differ = sorted(k for k in set(recorded) | set(settings) if recorded.get(k) != settings.get(k))
-        if differ:
-            raise ValueError(f"{archive} was answered with other settings (differing: {differ}); grow it with the "
-                             "target and settings that answered it")
+        held, _ = _open_archive(target, prompts, archive, directory, max_new_tokens=max_new_tokens,
+                                temperature=temperature, same_dtype=True)
         _check_prompts(target, prompts, held, range(len(held.keys)))
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    if held is not None and not (directory / "corpus.json").exists():
-        # The corpus starts with the archive's record, so the rewritten archive keeps its earlier runs.
-        record = {**held.manifest, "settings": settings}
-        atomic_write_text(directory / "corpus.json", json.dumps(record, indent=2) + "\n")
     build_corpus(target, prompts, directory, max_new_tokens=max_new_tokens, max_samples=count,
                  temperature=temperature, exclude=held.keys if held is not None else (), progress=progress)
     save_answers(directory, archive, keys=wanted, base=held)

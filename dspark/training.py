@@ -220,11 +220,23 @@ def write_feature_file(path: str | os.PathLike, sample: Sample, taps: torch.Tens
 
 
 class OfflineFeatures(FeatureSource):
-    """Reads what :func:`write_offline_features` wrote, checking token ids, shapes and finiteness."""
+    """Reads what :func:`write_offline_features` wrote, checking token ids, shapes and finiteness.
 
-    def __init__(self, directory: str | os.PathLike, tap_layers: list[int], hidden_size: int):
+    Given a ``target``, a sample whose file is missing has its features computed by it when first read
+    (:func:`target_features`), stored in ``dtype`` and read back, so they are the same whether computed now or
+    by an earlier run: a run over a large corpus pays the target's forward only for the samples it reads.
+    ``built`` and ``build_seconds`` count that work.
+    """
+
+    def __init__(self, directory: str | os.PathLike, tap_layers: list[int], hidden_size: int, *, target=None,
+                 dtype: torch.dtype = torch.bfloat16):
         self.directory = Path(directory)
         self.num_taps, self.hidden_size = len(tap_layers), hidden_size
+        if target is not None and (list(target.tap_layers) != list(tap_layers) or target.hidden_size != hidden_size):
+            raise ValueError(f"the target taps layers {list(target.tap_layers)} of width {target.hidden_size}, the "
+                             f"features layers {list(tap_layers)} of width {hidden_size}")
+        self.target, self.dtype = target, dtype
+        self.built, self.build_seconds = 0, 0.0
 
     def read(self, path: Path, sample: Sample):
         import safetensors.torch
@@ -244,7 +256,14 @@ class OfflineFeatures(FeatureSource):
         return states[:, : self.num_taps].reshape(ids.shape[0], -1), states[:, -1]
 
     def features(self, index, sample):
-        return self.read(self.directory / f"{index:06d}.safetensors", sample)
+        path = self.directory / f"{index:06d}.safetensors"
+        if self.target is not None and not path.exists():
+            start = time.perf_counter()
+            self.directory.mkdir(parents=True, exist_ok=True)
+            write_feature_file(path, sample, *target_features(self.target, sample.token_ids), dtype=self.dtype)
+            self.built += 1
+            self.build_seconds += time.perf_counter() - start
+        return self.read(path, sample)
 
 
 class KeyedFeatures(FeatureSource):
@@ -820,18 +839,18 @@ def _extra_pools(corpus_dir: Path, counts: dict[str, int], archives: dict, share
 
 def _pool_samples(answering, pool: list[str], directory: Path, count: int, key_offset: int, *, what: str,
                   max_new_tokens: int, answers: str | os.PathLike | None, progress: bool,
-                  temperature: float = 0.0) -> list[Sample]:
+                  temperature: float = 0.0, lazy_features: bool = False) -> list[Sample]:
     """The first ``count`` prompts of ``pool`` answered into ``directory`` (:func:`dspark.corpus.answered_corpus`),
     keyed from ``key_offset``."""
-    from dspark.corpus import answered_corpus, load_corpus
+    from dspark.corpus import answered_corpus
 
     if count > len(pool):
         raise ValueError(f"{what}_prompts={count}, but its pool holds {len(pool)} prompts")
     if not count:
         return []
-    wanted = answered_corpus(answering, pool, directory, count, answers, max_new_tokens=max_new_tokens,
-                             progress=progress, temperature=temperature)
-    return [Sample(s.token_ids, s.loss_mask, key=key_offset + s.key) for s in load_corpus(directory, wanted)]
+    samples = answered_corpus(answering, pool, directory, count, answers, max_new_tokens=max_new_tokens,
+                              progress=progress, temperature=temperature, lazy_features=lazy_features)
+    return [Sample(s.token_ids, s.loss_mask, key=key_offset + s.key) for s in samples]
 
 
 def answer_pool(pool: str, count: int, archive: str | os.PathLike, *, precision: str | None = None,
@@ -839,8 +858,9 @@ def answer_pool(pool: str, count: int, archive: str | os.PathLike, *, precision:
     """Grow the answers archive of the extra prompt pool ``pool`` (one of :data:`POOL_NAMES` but ``sampled``) to
     its first ``count`` prompts with the default target, without training (:func:`dspark.corpus.grow_answers`).
 
-    The corpus is written where :func:`train_default_drafter` looks for it under ``work_dir``, so a run that
-    names the grown archive (``<pool>_prompts`` up to ``count``) finds its features on disk. ``precision``
+    The new answers' corpus is written where :func:`train_default_drafter` looks for it under ``work_dir``, so a
+    run that names the grown archive (``<pool>_prompts`` up to ``count``) finds their features on disk and
+    rebuilds only those of the answers the archive held before. ``precision``
     (``"auto"``, ``"bf16"`` or ``"fp32"``) is the answering target's; by default the archive's, or ``"auto"`` for a
     new archive, since answers from targets in two dtypes cannot share one corpus. The ``sampled`` pool
     answers the ShareGPT training prompts again, which a run's held-out split decides, so it grows only with
@@ -894,8 +914,8 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
                           sampled_answers: str | os.PathLike | None = None, sampled_temperature: float = 0.7,
                           followup_prompts: int = 0, followup_answers: str | os.PathLike | None = None,
                           continue_from: str | os.PathLike | None = None,
-                          work_dir: str | os.PathLike | None = None, calibrate: bool = True,
-                          progress: bool = True) -> Path:
+                          features: str = "eager", work_dir: str | os.PathLike | None = None,
+                          calibrate: bool = True, progress: bool = True) -> Path:
     """Train a drafter for SmolLM2-135M-Instruct on ShareGPT prompts answered by the target, on the CPU.
 
     Phases, each timed into the drafter's metadata (``run.seconds``) and resumable:
@@ -934,6 +954,15 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
        sequences (the highest prompt indices) against the answer tokens seen so far.
     4. ``calibrate`` (DSpark only): STS temperatures from held-out decoding with the fp32 target.
 
+    ``features="lazy"`` leaves the features of archived answers unbuilt in the corpus phase: the answering target
+    stays loaded and computes a sample's features when training (or its evaluation) first reads them, storing
+    them in the corpus as a rebuild would (:class:`OfflineFeatures` given a target). A run reads at most
+    ``steps × sequences_per_step`` training sequences and the held-out ones, so on a corpus larger than that (a
+    continuation on grown archives) it pays the target's forward for those alone where ``"eager"`` (the default)
+    rebuilds all;
+    the features differ from a batched rebuild's only by rounding. The time they take counts in ``train`` and is
+    recorded as ``lazy_features``.
+
     ``precision`` (``bf16``, ``fp32`` or ``auto``) is the answering target's dtype and the training's;
     ``auto`` takes :func:`fastest_precision` on this machine: bf16 is about 2.3× faster than fp32 on CPUs with
     bf16 units and tens of times slower on CPUs without. Corpora of the two precisions are cached apart.
@@ -964,7 +993,7 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     shared weights.
     """
     from dspark.checkpoint import save_drafter
-    from dspark.corpus import answered_corpus, load_corpus
+    from dspark.corpus import answered_corpus
     from dspark.data import load_training_prompts
     from dspark.target import cache_root, load_default_target
 
@@ -981,6 +1010,9 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
                 "code2": code2_answers, "sampled": sampled_answers, "followup": followup_answers}
     if not sampled_temperature > 0:
         raise ValueError(f"sampled_temperature must be positive, got {sampled_temperature}")
+    if features not in ("eager", "lazy"):
+        raise ValueError(f"features must be 'eager' or 'lazy', got {features!r}")
+    lazy = features == "lazy"
     for what in counts:
         count, archive = counts[what], archives[what]
         if count < 0:
@@ -990,18 +1022,19 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     corpus_dir = recipe_corpus_dir(work, resolved, max_new_tokens, num_prompts)
     prompts = load_training_prompts(num_prompts)
     answering = load_default_target(dtype=torch.bfloat16 if resolved == "bf16" else torch.float32)
-    wanted = answered_corpus(answering, prompts, corpus_dir, corpus_samples, answers,
-                             max_new_tokens=max_new_tokens, progress=progress)
-    if len(wanted) <= held_out:
-        raise ValueError(f"the corpus holds {len(wanted)} samples, not more than the {held_out} held out")
-    # The held-out sequences are those of the highest prompt indices (load_corpus returns samples by index).
-    sharegpt_train_prompts = [prompts[key] for key in sorted(wanted)[:-held_out]]
-    held_out_prompts = {prompts[key] for key in sorted(wanted)[-held_out:]}
+    samples = answered_corpus(answering, prompts, corpus_dir, corpus_samples, answers,
+                              max_new_tokens=max_new_tokens, lazy_features=lazy, progress=progress)
+    if len(samples) <= held_out:
+        raise ValueError(f"the corpus holds {len(samples)} samples, not more than the {held_out} held out")
+    # The held-out sequences are those of the highest prompt indices (samples come by index).
+    sharegpt_train_prompts = [prompts[s.key] for s in samples[:-held_out]]
+    held_out_prompts = {prompts[s.key] for s in samples[-held_out:]}
     pools = _extra_pools(corpus_dir, counts, archives, sharegpt_train_prompts, sampled_temperature)
     extra = {pool.name: _pool_samples(answering, pool.prompts, pool.directory, pool.count, pool.key_offset,
                                       what=pool.name, max_new_tokens=max_new_tokens, answers=pool.archive,
-                                      progress=progress, temperature=pool.temperature)
+                                      progress=progress, temperature=pool.temperature, lazy_features=lazy)
              for pool in pools}
+    feature_target = answering if lazy else None  # computes the features training reads that are not on disk
     del answering
     followup_dropped = 0
     if extra["followup"]:
@@ -1010,7 +1043,6 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
         dropped = held_out_followups(held_out_prompts)
         kept = [s for s in extra["followup"] if s.key - FOLLOWUP_KEY_OFFSET not in dropped]
         followup_dropped, extra["followup"] = len(extra["followup"]) - len(kept), kept
-    samples = load_corpus(corpus_dir, wanted)
     train, evaluation = samples[:-held_out], samples[-held_out:]
     sharegpt_train = train
     if any(extra.values()):
@@ -1061,11 +1093,11 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     clock["vocab"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    source = OfflineFeatures(corpus_dir, target.tap_layers, target.hidden_size)
-    extra_sources = {pool.key_offset: OfflineFeatures(pool.directory, target.tap_layers, target.hidden_size)
-                     for pool in pools if extra[pool.name]}
-    if extra_sources:
-        source = KeyedFeatures({0: source, **extra_sources})
+    sources = {0: OfflineFeatures(corpus_dir, target.tap_layers, target.hidden_size, target=feature_target),
+               **{pool.key_offset: OfflineFeatures(pool.directory, target.tap_layers, target.hidden_size,
+                                                   target=feature_target)
+                  for pool in pools if extra[pool.name]}}
+    source = KeyedFeatures(sources) if len(sources) > 1 else sources[0]
     train_config = TrainConfig(steps=steps, objective=objective, num_anchors=num_anchors, lr=lr,
                                sequences_per_step=sequences_per_step, eval_every=eval_every,
                                checkpoint_every=eval_every, precision=resolved, seed=seed,
@@ -1111,7 +1143,7 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
                  "sampled_answers": None if sampled_answers is None else Path(sampled_answers).name,
                  "followup_prompts": followup_prompts,
                  "followup_answers": None if followup_answers is None else Path(followup_answers).name,
-                 "continue_from": None if parent is None else parent["directory"]}
+                 "features": features, "continue_from": None if parent is None else parent["directory"]}
     curve = [{k: row[k] for k in ("step", "answer_tokens_seen", "eval_tau_prob", "eval_accuracy")}
              for row in trainer.history if "eval_tau_prob" in row]
     if parent is not None:  # its last point and this run's first are the same weights (this one rounded to bf16)
@@ -1124,6 +1156,9 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
                 "train_answer_tokens": int(sum(int(s.loss_mask.sum()) for s in train)),
                 "final": trainer.history[-1] if trainer.history else {}, "vocab": vocab_report,
                 "curve": curve,
+                **({"lazy_features": {"built": sum(s.built for s in sources.values()),
+                                      "seconds": round(sum(s.build_seconds for s in sources.values()), 1)}}
+                   if lazy else {}),
                 "run": {"arguments": arguments, "train_config": asdict(train_config), "commit": commit,
                         "threads": torch.get_num_threads()}}
     if parent is not None:
@@ -1169,12 +1204,14 @@ def _load_parent(directory: str | os.PathLike, drafter, target, **expected) -> d
             "curve": meta.get("curve", []), "run": meta["run"], "digest": digest, "layers": grown_from}
 
 
-def recipe_sharegpt_split(arguments: dict, precision: str,
-                          work_dir: str | os.PathLike | None = None) -> tuple[Path, list[Sample], list[Sample]]:
+def recipe_sharegpt_split(arguments: dict, precision: str, work_dir: str | os.PathLike | None = None,
+                          answers: str | os.PathLike | None = None) -> tuple[Path, list[Sample], list[Sample]]:
     """The ShareGPT corpus directory, training samples and held-out samples of a recipe run with these training
     ``arguments`` (as a drafter's metadata records them) and resolved ``precision``, read from the cache under
-    ``work_dir`` (default ``$DSPARK_CACHE/training``). Raises ``ValueError`` when the cache lacks them."""
-    from dspark.corpus import corpus_order, load_corpus, sample_path
+    ``work_dir`` (default ``$DSPARK_CACHE/training``), or from the run's answers archive ``answers`` where the cache
+    lacks some (a run with ``features="lazy"`` stores only the features it read; :class:`OfflineFeatures` given a
+    target computes the others). Raises ``ValueError`` when neither holds them."""
+    from dspark.corpus import corpus_order, load_answers, load_corpus, sample_path
     from dspark.data import load_training_prompts
     from dspark.target import cache_root
 
@@ -1182,11 +1219,11 @@ def recipe_sharegpt_split(arguments: dict, precision: str,
     corpus = recipe_corpus_dir(work, precision, arguments["max_new_tokens"], arguments["num_prompts"])
     order = corpus_order(len(load_training_prompts(arguments["num_prompts"])))[: arguments["corpus_samples"]]
     missing = [k for k in order if not sample_path(corpus, k).exists()]
-    if missing:
+    if missing and answers is None:
         raise ValueError(f"{corpus} lacks {len(missing)} of the run's {len(order)} ShareGPT samples: run its recipe "
                          "first (python -m dspark train --config ...), which answers or rebuilds them")
-    # The recipe holds out the highest prompt indices (load_corpus returns samples by index).
-    samples = load_corpus(corpus, order)
+    # The recipe holds out the highest prompt indices (samples come by index).
+    samples = load_answers(answers).samples(order) if missing else load_corpus(corpus, order)
     held_out = arguments["held_out"]
     return corpus, samples[:-held_out], samples[-held_out:]
 

@@ -11,7 +11,7 @@ from dspark.__main__ import _train_settings
 
 def _args(**flags):
     base = dict(config=None, objective=None, steps=None, prompts=None, layers=None, block_size=None, precision=None,
-                ce_weight=None, l1_weight=None, continue_from=None)
+                ce_weight=None, l1_weight=None, continue_from=None, features=None)
     return argparse.Namespace(**{**base, **flags})
 
 
@@ -24,6 +24,7 @@ def test_config_file_then_flags(tmp_path):
         "objective": "eagle3", "steps": 10, "markov_rank": 8, "block_size": 15, "precision": "fp32"}
     assert _train_settings(_args(config=str(config), objective="dspark", ce_weight=1.0, l1_weight=0.0)) == {
         "objective": "dspark", "steps": 50, "markov_rank": 8, "precision": "auto", "ce_weight": 1.0, "l1_weight": 0.0}
+    assert _train_settings(_args(config=str(config), features="lazy"))["features"] == "lazy"
 
 
 def test_unknown_config_keys_are_refused(tmp_path):

@@ -352,3 +352,46 @@ def test_an_archive_grows_by_answering_only_the_prompts_it_lacks(tmp_path):
     assert [r["samples_written"] for r in manifest["rebuilds"]] == [3]
     assert [r["samples_written"] for r in manifest["runs"]] == [3, 3]
     assert [s.token_ids.tolist() for s in load_corpus(tmp_path / "second")] == [s.tolist() for s in grown.sequences]
+
+
+def test_lazy_features_are_computed_when_first_read_and_equal_a_rebuilds(tmp_path):
+    """With ``lazy_features`` the archive's answers come back without features and only the prompts it lacks are
+    answered; :class:`OfflineFeatures` given the target computes a sample's features when first read, stores them
+    and reads what a rebuild writes, to bf16 rounding (one forward per sequence instead of a padded batch, both
+    stored in bf16: the fp32 difference can tip a value to the neighbouring bf16, at most 2⁻⁷ of it)."""
+    import json
+
+    from dspark.corpus import answered_corpus, corpus_order, grow_answers
+
+    target = tiny_target(vocab=48)
+    prompts = _prompts(target, count=7)
+    archive = tmp_path / "pool.answers.npz"
+    held = grow_answers(target, prompts, 5, archive, tmp_path / "answered", max_new_tokens=9, progress=False)
+    lazy = answered_corpus(target, prompts, tmp_path / "lazy", 6, archive, max_new_tokens=9, lazy_features=True,
+                           progress=False)
+    eager = answered_corpus(target, prompts, tmp_path / "eager", 6, archive, max_new_tokens=9, progress=False)
+    assert [(s.key, s.token_ids.tolist(), s.loss_mask.tolist()) for s in lazy] == \
+        [(s.key, s.token_ids.tolist(), s.loss_mask.tolist()) for s in eager]
+    assert [s.key for s in lazy] == sorted(corpus_order(7)[:6])
+    new = sorted(set(corpus_order(7)[:6]) - set(held.keys))
+    assert sorted(int(p.stem) for p in (tmp_path / "lazy").glob("[0-9]*.safetensors")) == new
+    manifest = json.loads((tmp_path / "lazy" / "corpus.json").read_text())
+    assert "rebuilds" not in manifest and manifest["runs"][:-1] == held.manifest["runs"]
+    assert manifest["runs"][-1]["samples_written"] == len(new)
+
+    source = OfflineFeatures(tmp_path / "lazy", target.tap_layers, target.hidden_size, target=target)
+    rebuilt = OfflineFeatures(tmp_path / "eager", target.tap_layers, target.hidden_size)
+    for sample in lazy:
+        for got, want in zip(source.features(sample.key, sample), rebuilt.features(sample.key, sample)):
+            torch.testing.assert_close(got, want, rtol=2 ** -7, atol=1e-5)
+    assert source.built == len(held.keys) and source.build_seconds > 0
+    assert sorted(int(p.stem) for p in (tmp_path / "lazy").glob("[0-9]*.safetensors")) == [s.key for s in lazy]
+    first = source.features(lazy[0].key, lazy[0])
+    assert source.built == len(held.keys)  # stored: a second read computes nothing
+    assert all(torch.equal(a, b) for a, b in zip(first, source.features(lazy[0].key, lazy[0])))
+
+    with pytest.raises(ValueError, match=r"differing: \['max_new_tokens'\]"):
+        answered_corpus(target, prompts, tmp_path / "other", 6, archive, max_new_tokens=8, lazy_features=True,
+                        progress=False)
+    with pytest.raises(ValueError, match="the target taps layers"):
+        OfflineFeatures(tmp_path / "lazy", [0], target.hidden_size, target=target)

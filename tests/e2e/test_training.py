@@ -476,7 +476,8 @@ def test_the_recipe_rebuilds_code_and_math_corpora_from_their_archives_without_a
     """On a fresh cache, ``code_answers``, ``math_answers``, ``math2_answers``, ``math3_answers`` and
     ``code2_answers`` rebuild the pools' corpora from archives: no prompt is answered again (the manifests keep the
     archives' answering runs and add one rebuild), the samples hold the same tokens, and a continuation trains on
-    them as on the answered corpora."""
+    them as on the answered corpora. With ``features="lazy"`` nothing is rebuilt up front: the features on disk
+    afterwards are those the run read, computed as it read them."""
     from dspark.corpus import load_corpus, save_answers
     from dspark.training import (
         code2_corpus_dir,
@@ -515,6 +516,22 @@ def test_the_recipe_rebuilds_code_and_math_corpora_from_their_archives_without_a
         [(2, 3, 2, 2, 2, metas[0]["train_answer_tokens"])] * 2
     assert [metas[1]["run"]["arguments"][f"{what}_answers"] for what in added] == \
         [f"{what}.answers.npz" for what in added]
+
+    lazy = train_default_drafter(tmp_path / "lazy-child", steps=2, continue_from=parent, work_dir=tmp_path / "lazy",
+                                 features="lazy", **pools, **archives, **toy)
+    meta = json.loads((lazy / "config.json").read_text(encoding="utf-8"))["metadata"]
+    assert [meta[f"{what}_sequences"] for what in added] == [2, 3, 2, 2, 2]
+    assert meta["train_answer_tokens"] == metas[0]["train_answer_tokens"]
+    assert meta["run"]["arguments"]["features"] == "lazy"
+    corpora = [recipe_corpus_dir(tmp_path / "lazy", precision, 192)]
+    corpora += [directory(corpora[0]) for directory in (code_corpus_dir, math_corpus_dir, math2_corpus_dir,
+                                                        math3_corpus_dir, code2_corpus_dir)]
+    assert not any("rebuilds" in json.loads((c / "corpus.json").read_text(encoding="utf-8")) for c in corpora)
+    on_disk = sum(len(list(c.glob("[0-9]*.safetensors"))) for c in corpora)
+    # Two steps of four sequences and the two held-out ones at most, of the 6 + 11 samples.
+    assert meta["lazy_features"]["built"] == on_disk and toy["held_out"] <= on_disk <= 2 * 4 + toy["held_out"]
+    with pytest.raises(ValueError, match="features must be 'eager' or 'lazy'"):
+        train_default_drafter(tmp_path / "other", steps=2, features="some", work_dir=tmp_path / "lazy", **toy)
 
 
 def test_the_recipe_precision_resolves_to_a_dtype_this_machine_runs_fast(tmp_path):
