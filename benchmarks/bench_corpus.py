@@ -10,8 +10,14 @@ token. Writes ``corpus_rebuild_cpu.json``.
 ``--batch-sizes B ...`` instead times answering alone at each batch size on the same prompts (greedy, or sampled
 at ``--temperature``), to choose the batch a long regeneration runs at; it writes ``corpus_batch_cpu.json``.
 
+``--lazy`` instead times the two ways a run gets the features of committed answers, on the first ``--prompts``
+of the recipe's archive: rebuilding them all up front (batches of 32 whole sequences sorted by length) or
+computing them as training first reads them (``features="lazy"``: one padded forward per step's ``--group``
+sequences, in no length order), interleaved; ``corpus_lazy_cpu.json``.
+
     python benchmarks/bench_corpus.py [--prompts 128] [--repeats 2] [--out benchmarks/results]
     python benchmarks/bench_corpus.py --batch-sizes 64 128 256 --prompts 256 [--temperature 0.7]
+    python benchmarks/bench_corpus.py --lazy [--prompts 128] [--group 4] [--repeats 2]
 """
 
 from __future__ import annotations
@@ -71,6 +77,54 @@ def answer_batch_sizes(target, prompts: list[str], args) -> dict:
                     "each batch size, one after another in one run; speedup against the first batch size"}
 
 
+def lazy_against_rebuild(target, prompts: list[str], args) -> dict:
+    """Sequence tokens/s of rebuilding the features of the archive's first ``args.prompts`` answers up front
+    against computing each on first read, ``args.repeats`` interleaved pairs, and how far the two disagree."""
+    import time
+
+    from dspark.corpus import corpus_order, load_answers, rebuild_corpus
+    from dspark.training import OfflineFeatures
+
+    archive = Path(__file__).resolve().parent / "recipes" / "smollm2_drafter.answers.npz"
+    keys = corpus_order(len(prompts))[: args.prompts]
+    samples = load_answers(archive).samples(keys)
+    tokens = sum(len(s.token_ids) for s in samples)
+    runs = []
+    with tempfile.TemporaryDirectory() as scratch:
+        scratch = Path(scratch)
+        for repeat in range(args.repeats):
+            rebuilt, lazy = scratch / f"rebuilt-{repeat}", scratch / f"lazy-{repeat}"
+            rebuild = rebuild_corpus(target, prompts, archive, rebuilt, max_new_tokens=args.max_new_tokens,
+                                     keys=keys, progress=False)
+            source = OfflineFeatures(lazy, target.tap_layers, target.hidden_size, target=target)
+            start = time.perf_counter()
+            for g in range(0, len(samples), args.group):
+                step = samples[g: g + args.group]
+                source.prefetch([(sample.key, sample) for sample in step])
+                for sample in step:
+                    source.features(sample.key, sample)
+            lazy_seconds = time.perf_counter() - start
+            runs.append({"rebuild_seconds": rebuild.seconds, "lazy_seconds": lazy_seconds,
+                         "lazy_build_seconds": source.build_seconds,
+                         "rebuild_tokens_per_s": tokens / rebuild.seconds, "lazy_tokens_per_s": tokens / lazy_seconds,
+                         "lazy_over_rebuild_time": lazy_seconds / rebuild.seconds})
+            print(f"repeat {repeat}: {tokens} sequence tokens; rebuilding {rebuild.seconds:.1f} s "
+                  f"({runs[-1]['rebuild_tokens_per_s']:.0f} tok/s), lazily {lazy_seconds:.1f} s "
+                  f"({runs[-1]['lazy_tokens_per_s']:.0f} tok/s)")
+        error = feature_error(scratch / "rebuilt-0", scratch / "lazy-0", target)
+    ratio = sum(r["lazy_seconds"] for r in runs) / sum(r["rebuild_seconds"] for r in runs)
+    print(f"on first read in groups of {args.group} takes {ratio:.2f}x the rebuild's time; features differ by max "
+          f"{error['max_abs_over_rms']:.3g}, mean {error['mean_abs_over_rms']:.3g} of their RMS")
+    answer_tokens = sum(int(s.loss_mask.sum()) for s in samples)
+    return {"prompts": args.prompts, "group": args.group, "sequence_tokens": tokens, "answer_tokens": answer_tokens,
+            "target_dtype": "bfloat16", "threads": torch.get_num_threads(), "runs": runs,
+            "lazy_over_rebuild_time": ratio, "feature_error": error,
+            "note": "the committed ShareGPT answers' first prompts in the recipe's order; rebuilding: rebuild_corpus, "
+                    "batches of 32 whole sequences sorted by length; lazily: OfflineFeatures given the target, "
+                    "one padded forward per group of consecutive samples (as a training step prefetches its "
+                    "sequences); both write bf16 files; interleaved in one run"}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", type=int, default=128)
@@ -79,10 +133,15 @@ def main(argv=None) -> int:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=None,
                         help="time answering alone at these batch sizes instead")
     parser.add_argument("--temperature", type=float, default=0.0, help="with --batch-sizes: sample at this")
+    parser.add_argument("--group", type=int, default=4, help="with --lazy: sequences per step")
+    parser.add_argument("--lazy", action="store_true",
+                        help="time computing committed answers' features on first read against rebuilding them")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     if args.batch_sizes is not None and min(args.batch_sizes) < 1:
         raise SystemExit("--batch-sizes must be positive")
+    if args.group < 1:
+        raise SystemExit("--group must be positive")
     from dspark.corpus import build_corpus, rebuild_corpus, save_answers
     from dspark.data import load_training_prompts
     from dspark.target import load_default_target
@@ -91,6 +150,9 @@ def main(argv=None) -> int:
     target = load_default_target(dtype=torch.bfloat16)
     if args.batch_sizes is not None:
         print(write_result("corpus_batch_cpu", answer_batch_sizes(target, prompts, args), args.out))
+        return 0
+    if args.lazy:
+        print(write_result("corpus_lazy_cpu", lazy_against_rebuild(target, prompts, args), args.out))
         return 0
     runs = []
     with tempfile.TemporaryDirectory() as scratch:

@@ -389,6 +389,14 @@ def test_lazy_features_are_computed_when_first_read_and_equal_a_rebuilds(tmp_pat
     first = source.features(lazy[0].key, lazy[0])
     assert source.built == len(held.keys)  # stored: a second read computes nothing
     assert all(torch.equal(a, b) for a, b in zip(first, source.features(lazy[0].key, lazy[0])))
+    # A step's samples in one padded forward (a repeated one computed once) read what one forward each gives.
+    batched = OfflineFeatures(tmp_path / "batched", target.tap_layers, target.hidden_size, target=target)
+    batched.prefetch([(s.key, s) for s in lazy] + [(lazy[0].key, lazy[0])])
+    assert batched.built == len(lazy)
+    for sample in lazy:
+        for got, want in zip(batched.features(sample.key, sample), source.features(sample.key, sample)):
+            torch.testing.assert_close(got, want, rtol=2 ** -7, atol=1e-5)
+    assert batched.built == len(lazy)
 
     with pytest.raises(ValueError, match=r"differing: \['max_new_tokens'\]"):
         answered_corpus(target, prompts, tmp_path / "other", 6, archive, max_new_tokens=8, lazy_features=True,
