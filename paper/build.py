@@ -100,6 +100,7 @@ SOURCES = {
     "training_ablations_cpu": TRAINING + ["benchmarks/bench_ablations.py"],
     "training_objectives_cpu": TRAINING + ["benchmarks/bench_ablations.py"],
     "corpus_rebuild_cpu": ["dspark/corpus.py", "dspark/target.py", "dspark/data.py", "benchmarks/bench_corpus.py"],
+    "corpus_lazy_cpu": ["dspark/corpus.py", "dspark/training.py", "dspark/target.py", "benchmarks/bench_corpus.py"],
     "sweeps": TRAINING + ["benchmarks/bench_sweeps.py"],
     "calibration_cpu": LIBRARY + ["benchmarks/bench_calibration.py"],
     "scheduler": ["dspark/scheduler.py", "reference/scheduler.py", "kernels/scheduler.py",
@@ -800,7 +801,8 @@ def section_training(out: list[str], figures: Path) -> None:
                f"prefill and feature writes included, sharing the CPU with other work at times), "
                f"{num(regen['speedup_over_batch1'], '.1f')}× plain batch-1 generation by the same target "
                f"({num(regen['batch1_generate_tokens_per_s'], '.1f')} tokens/s, measured when this record was "
-               "collected, not beside the regeneration)." + same_run_sentence(regen) + rebuild_sentence())
+               "collected, not beside the regeneration)." + same_run_sentence(regen) + rebuild_sentence()
+               + lazy_sentence())
     code = result.get("code_corpus")
     if code:
         out.append("- **Code data.** The code evaluation asks the target to complete a Python function from its "
@@ -976,6 +978,24 @@ def rebuild_sentence() -> str:
             "`benchmarks/bench_corpus.py`); the rebuilt features differ from the captured ones by "
             f"{num(100 * result['feature_error']['mean_abs_over_rms'], '.2f')}% of their RMS on average "
             "(bf16 rounding).")
+
+
+def lazy_sentence() -> str:
+    """What computing features as training reads them costs against rebuilding them all first
+    (``corpus_lazy_cpu.json``), or ""."""
+    result = load("corpus_lazy_cpu")
+    if result is None:
+        return ""
+    runs, tokens = result["runs"], result["sequence_tokens"] * len(result["runs"])
+    rebuild = tokens / sum(r["rebuild_seconds"] for r in runs)
+    lazy = tokens / sum(r["lazy_seconds"] for r in runs)
+    return (" A run with `features=\"lazy\"` skips that rebuild: training computes a sequence's features when it "
+            f"first reads it, in one padded forward per step's {num(result['group'], 'd')} sequences, at "
+            f"{num(lazy, '.0f')} sequence tokens/s against the up-front rebuild's {num(rebuild, '.0f')} on the same "
+            f"{num(result['prompts'], 'd')} sequences in one run, so it "
+            + (f"costs less whenever a run reads fewer than {num(100 * lazy / rebuild, '.0f')}% of its corpus"
+               if lazy < rebuild else "costs no more than the rebuild even for a run that reads its whole corpus")
+            + " (a continuation of a few thousand steps on the grown archives reads far less).")
 
 
 def _at_dflash_steps(arms: dict) -> str:
