@@ -358,10 +358,12 @@ def save_answers(directory: str | os.PathLike, path: str | os.PathLike, keys: li
                                        for key, sequence, start in zip(base.keys, base.sequences, base.answer_starts)
                                        if wanted is None or key in wanted]
     taken = {key for key, _, _ in entries}
-    from_disk = None if keys is None else [k for k in keys if k not in taken]
-    for sample in load_corpus(directory, from_disk) if from_disk != [] else []:
-        if sample.key in taken:
-            continue
+    if keys is None:
+        from_disk = [sample for sample in load_corpus(directory) if sample.key not in taken]
+    else:
+        missing = [key for key in keys if key not in taken]
+        from_disk = load_corpus(directory, missing) if missing else []
+    for sample in from_disk:
         start = int(sample.loss_mask.long().argmax()) if bool(sample.loss_mask.any()) else len(sample.token_ids)
         if not bool(sample.loss_mask[start:].all()) or bool(sample.loss_mask[:start].any()):
             raise ValueError(f"sample {sample.key}: its loss mask is not a prompt followed by an answer")
