@@ -14,8 +14,11 @@ often the decoded output does. Writes ``acceptance_cpu.json`` (``--name`` anothe
 ``--reuse FILE`` keeps an earlier run's rows for each drafter that is unchanged (the same training metadata,
 decoded on the same prompts with the same settings and torch version) instead of decoding it again, and records
 at which commit and date those rows were decoded (``reused``). Re-training one arm then re-decodes only that arm.
+With ``--keep`` the rows of FILE's drafters that this run does not name are kept as well (a candidate drafter
+that is no longer on disk stays in the comparison), under the same conditions.
 
-    python benchmarks/bench_acceptance.py [--prompts-per-domain 8] [--max-new-tokens 64] [--reuse FILE] [--name NAME]
+    python benchmarks/bench_acceptance.py [--prompts-per-domain 8] [--max-new-tokens 64] [--reuse FILE [--keep]]
+                                          [--name NAME]
 """
 
 from __future__ import annotations
@@ -76,6 +79,19 @@ def reusable_rows(earlier: dict, settings: dict, metadata: dict[str, dict], temp
     return kept
 
 
+def kept_rows(earlier: dict, settings: dict, named: set[str], temperatures: list[float],
+              prompts_per_domain: int) -> dict[str, tuple[list[dict], dict]]:
+    """The rows of ``earlier``'s drafters that this run does not decode (not among ``named``), as
+    :func:`reusable_rows` gives them. Refuses, rather than leaving one out, when any of them was decoded with other
+    settings, prompts or temperatures than this run's."""
+    others = {name: meta for name, meta in earlier.get("drafter_metadata", {}).items() if name not in named}
+    kept = reusable_rows(earlier, settings, others, temperatures, prompts_per_domain)
+    if set(kept) != set(others):
+        raise SystemExit(f"cannot keep {sorted(set(others) - set(kept))}: decoded with other settings, prompts or "
+                         "temperatures than this run's")
+    return kept
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--drafters", nargs="*", default=None,
@@ -87,11 +103,15 @@ def main(argv=None) -> int:
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     parser.add_argument("--reuse", type=Path, default=None,
                         help="an earlier acceptance_cpu.json whose rows of unchanged drafters are kept")
+    parser.add_argument("--keep", action="store_true",
+                        help="with --reuse: also keep the rows of its drafters that --drafters does not name")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--name", default="acceptance_cpu", help="the results file's name, without .json")
     args = parser.parse_args(argv)
     if not re.fullmatch(r"[A-Za-z0-9_-]+", args.name):
         parser.error(f"--name takes letters, digits, dashes and underscores, got {args.name!r}")
+    if args.keep and args.reuse is None:
+        parser.error("--keep keeps rows of the file --reuse names; give --reuse FILE")
     if args.drafters:
         drafters = dict(item.split("=", 1) for item in args.drafters)
     else:
@@ -103,11 +123,13 @@ def main(argv=None) -> int:
     prompts = {d: [target.encode_chat(p.text) for p in
                    load_prompts(d)[args.offset: args.offset + args.prompts_per_domain]] for d in DOMAINS}
     metadata = {name: load_drafter(directory, target).metadata for name, directory in drafters.items()}
-    reused = {}
+    reused, kept = {}, {}
     if args.reuse is not None:
         settings = {"offset": args.offset, "max_new_tokens": args.max_new_tokens, "torch": torch.__version__}
-        reused = reusable_rows(json.loads(args.reuse.read_text(encoding="utf-8")), settings, metadata,
-                               args.temperatures, args.prompts_per_domain)
+        earlier = json.loads(args.reuse.read_text(encoding="utf-8"))
+        reused = reusable_rows(earlier, settings, metadata, args.temperatures, args.prompts_per_domain)
+        if args.keep:
+            kept = kept_rows(earlier, settings, set(drafters), args.temperatures, args.prompts_per_domain)
     rows = []
     for name, directory in drafters.items():
         if name in reused:
@@ -129,8 +151,13 @@ def main(argv=None) -> int:
                 rows.append(row)
                 print(f"{name:7s} T={temperature:g} {domain:5s} tau={row['tau']:.3f} "
                       f"cond={[round(x, 2) for x in row['conditional_acceptance']]}")
-    write_result(args.name, {"max_new_tokens": args.max_new_tokens, "offset": args.offset,
-                           "drafters": {k: str(v) for k, v in drafters.items()},
+    paths = {name: str(directory) for name, directory in drafters.items()}
+    for name, (carried, provenance) in kept.items():
+        rows.extend(carried)
+        paths[name], metadata[name] = earlier["drafters"][name], earlier["drafter_metadata"][name]
+        print(f"{name:7s} not named: its rows are kept from {args.reuse} (decoded at {provenance['commit']})")
+    reused.update(kept)
+    write_result(args.name, {"max_new_tokens": args.max_new_tokens, "offset": args.offset, "drafters": paths,
                            "drafter_metadata": metadata,
                            "reused": {name: provenance for name, (_, provenance) in reused.items()},
                            "rows": rows}, args.out)

@@ -11,9 +11,11 @@ measured like any drafter, on every pool one of its ingredients trained on.
 The samples are read from the recipe's cache where it holds them, else from the run's committed answers archives
 (``benchmarks/recipes/``); features the cache lacks (a fresh machine, or a run with ``features="lazy"``, which
 stores only those it read) are computed by the target in the run's precision and stored there, as training would.
-Writes ``generalization_cpu.json``.
+Writes ``generalization_cpu.json``. ``--keep FILE`` keeps the rows of an earlier result for the drafters this run
+does not measure (one no longer on disk stays in the table), in their order and before the new ones, each with
+the commit and date it was measured at (``measured``).
 
-    python benchmarks/bench_generalization.py [DRAFTER_DIR ...] [--samples 48] [--out benchmarks/results]
+    python benchmarks/bench_generalization.py [DRAFTER_DIR ...] [--samples 48] [--keep FILE] [--out benchmarks/results]
 """
 
 from __future__ import annotations
@@ -143,21 +145,44 @@ def measure(target, directory: Path, count: int, features_targets: dict) -> dict
     return row
 
 
+def kept_rows(earlier: dict, measured: list[dict], samples: int) -> list[dict]:
+    """``earlier``'s rows (a generalization result) with those of the drafters in ``measured`` replaced by the new
+    measurements, the others stamped with the commit and date they were measured at (``measured``: kept from an
+    earlier keep), then the new drafters' rows. Refuses a result of another ``samples``, whose groups differ."""
+    if earlier.get("samples") != samples:
+        raise SystemExit(f"cannot keep rows measured on {earlier.get('samples')} sequences a group beside rows of "
+                         f"{samples}")
+    environment = earlier.get("environment", {})
+    stamp = {"commit": environment.get("commit"), "date": environment.get("date")}
+    fresh = {row["drafter"]: row for row in measured}
+    rows = [fresh.pop(row["drafter"]) if row["drafter"] in fresh else {**row, "measured": row.get("measured", stamp)}
+            for row in earlier["rows"]]
+    return rows + list(fresh.values())
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("drafters", nargs="*", type=Path, help="drafter directories (default: the shipped one)")
     parser.add_argument("--samples", type=int, default=48, help="training sequences per group")
+    parser.add_argument("--keep", type=Path, default=None,
+                        help="an earlier generalization_cpu.json whose rows of drafters not measured now are kept")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     if args.samples < 1:
         raise SystemExit("--samples must be positive")
+    directories = args.drafters or [shipped_drafter_dir()]
+    earlier = json.loads(args.keep.read_text(encoding="utf-8")) if args.keep else None
+    if earlier is not None:
+        kept_rows(earlier, [], args.samples)  # refuse a file of another --samples before any work
     target = load_default_target()
     rows, features_targets = [], {}
-    for directory in args.drafters or [shipped_drafter_dir()]:
+    for directory in directories:
         rows.append(measure(target, directory, args.samples, features_targets))
         groups = {k: v for k, v in rows[-1].items() if isinstance(v, dict)}
         print(f"{directory.name}: " + ", ".join(f"{k} tau_prob {v['tau_prob']:.3f} (CE {v['ce']:.2f})"
                                                 for k, v in groups.items()))
+    if earlier is not None:
+        rows = kept_rows(earlier, rows, args.samples)
     payload = {"samples": args.samples, "rows": rows,
                "note": "training's evaluation (fixed anchors, as many per sequence as training took) on held-out "
                        "ShareGPT sequences, on ShareGPT training sequences spread over the split, and on the first "

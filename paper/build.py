@@ -1849,7 +1849,7 @@ def generalization_bullet(result: dict, decoded: dict | None = None) -> str:
         lines.append(f"| {number[row['drafter']]} | `{row['drafter']}` | {last_run(row)} | "
                      f"{num(row['held_out']['tau_prob'])} | {num(row['train']['tau_prob'])} | {num(gap)} | "
                      f"{num(row['held_out']['ce'], '.2f')} | {path(row)} |")
-    text += "\n" + "\n".join(lines) + "\n"
+    text += "\n" + "\n".join(lines) + "\n" + measured_sentence(result, number)
 
     def change(row: dict, than: float) -> str:
         held = row["held_out"]["tau_prob"]
@@ -1910,6 +1910,24 @@ def generalization_bullet(result: dict, decoded: dict | None = None) -> str:
     return text
 
 
+def measured_sentence(result: dict, number: dict[str, int]) -> str:
+    """Which rows of a generalization result were kept from earlier runs (``--keep``: drafters no longer on disk)
+    and when those were measured, as a paragraph; empty when every row was measured in this run."""
+    by_commit: dict[str, list[str]] = {}
+    for row in result["rows"]:
+        if "measured" in row:
+            commit, day = row["measured"]["commit"], row["measured"]["date"][:10]
+            by_commit.setdefault(f"commit {commit} ({day})", []).append(f"#{number[row['drafter']]}")
+            printed.add(commit.split("-")[0])
+            printed.update(day.split("-"))
+    if not by_commit:
+        return ""
+    fresh = [f"#{number[row['drafter']]}" for row in result["rows"] if "measured" not in row]
+    earlier = "; ".join(f"{listing(rows)} at {where}" for where, rows in by_commit.items())
+    return (f"\nRows of drafters that are no longer on disk were kept from the runs that measured them "
+            f"(`--keep`), on the same sequences: {earlier}; {listing(fresh)} in this run ({machine(result)}).\n")
+
+
 def decoded_sentence(result: dict, decoded: dict | None, number: dict[str, int]) -> str:
     """What decoding said of the best continuation of the generalization table (``result``) once its held-out
     τ_prob cleared three seeds' spread over the shipped drafter: its greedy τ against the shipped drafter's, paired
@@ -1955,6 +1973,17 @@ def decoded_sentence(result: dict, decoded: dict | None, number: dict[str, int])
         text += (f" #{number[row['drafter']]} (held-out τ_prob {num(row['held_out']['tau_prob'])}), decoded beside "
                  f"them, reaches {num(mean(row))}; against it {tag} is {verdict(against_row)} "
                  f"({_gap_cells(against_row)}).")
+    tags = {name: f"#{number[directory]}" for directory, name in names.items() if directory in number}
+    by_commit: dict[str, list[str]] = {}
+    for name, provenance in decoded.get("reused", {}).items():
+        day = provenance["date"][:10]
+        by_commit.setdefault(f"commit {provenance['commit']} ({day})", []).append(tags.get(name, f"`{name}`"))
+        printed.add(provenance["commit"].split("-")[0])
+        printed.update(day.split("-"))
+    if by_commit:
+        text += (" The rows of " + "; ".join(f"{listing(rows)} are those decoded at {where}"
+                                             for where, rows in by_commit.items())
+                 + ", on the same prompts with the same settings (`--reuse`, `--keep`).")
     return text + (f" The shipped drafter stays: what {tag} gained on held-out sequences shows in decoding as "
                    f"{num(mean(best) - mean(first), '+.3f')} τ on average.")
 

@@ -1,12 +1,12 @@
-"""bench_acceptance: --reuse keeps an earlier run's rows only for drafters and settings that did not change; --name
-takes a plain file name."""
+"""bench_acceptance: --reuse keeps an earlier run's rows only for drafters and settings that did not change, --keep
+those of the drafters a run does not name too; --name takes a plain file name."""
 
 import copy
 
 import pytest
 
 import paper.build as builder
-from benchmarks.bench_acceptance import main, reusable_rows
+from benchmarks.bench_acceptance import kept_rows, main, reusable_rows
 from dspark.data import DOMAINS
 
 SETTINGS = {"offset": 50, "max_new_tokens": 64, "torch": "2.13.0+cpu"}
@@ -64,3 +64,25 @@ def test_a_results_name_that_is_not_a_plain_file_name_is_refused_before_any_work
     with pytest.raises(SystemExit):
         main(["--name", name])
     assert "--name takes letters, digits, dashes and underscores" in capsys.readouterr().err
+
+
+def test_keep_carries_the_drafters_this_run_does_not_name_with_their_provenance():
+    earlier = _earlier(shipped={"steps": 61000}, pass18={"steps": 65000}, pass15={"steps": 65000})
+    earlier["reused"] = {"pass15": {"commit": "0ld0001", "date": "2026-12-01T00:00:00+00:00"}}
+    kept = kept_rows(earlier, SETTINGS, {"shipped", "pass19"}, TEMPERATURES, 24)
+    assert set(kept) == {"pass18", "pass15"}
+    assert all({r["drafter"] for r in kept[name][0]} == {name} and len(kept[name][0]) == 6 for name in kept)
+    assert kept["pass18"][1]["commit"] == "abc1234" and kept["pass15"][1]["commit"] == "0ld0001"
+
+
+def test_keep_refuses_rather_than_dropping_a_drafter_it_cannot_carry():
+    earlier = _earlier(shipped={"steps": 61000}, pass18={"steps": 65000})
+    with pytest.raises(SystemExit, match=r"cannot keep \['pass18'\]"):
+        kept_rows(earlier, SETTINGS, {"shipped"}, TEMPERATURES, 8)
+    assert kept_rows(earlier, SETTINGS, {"shipped", "pass18"}, TEMPERATURES, 8) == {}
+
+
+def test_keep_without_a_file_to_keep_from_is_refused_before_any_work(capsys):
+    with pytest.raises(SystemExit):
+        main(["--keep"])
+    assert "give --reuse FILE" in capsys.readouterr().err

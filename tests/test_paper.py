@@ -205,6 +205,35 @@ def test_a_continuation_that_clears_three_seeds_spread_is_judged_by_decoding():
                               "--name acceptance_candidates_cpu`).")
 
 
+def test_rows_kept_from_earlier_runs_say_when_they_were_measured_and_decoded():
+    def row(name: str, steps: int, held: float, **extra) -> dict:
+        return {"drafter": name, "steps": steps, "lr": 3e-4, "layers": 2, "held_out": {"tau_prob": held, "ce": 3.2},
+                "train": {"tau_prob": 2.7, "ce": 2.6}, **extra}
+
+    then = {"commit": "abc1234", "date": "2026-12-05T20:46:20+00:00"}
+    environment = {"commit": "def5678", "device": "cpu", "cpu_model": "AMD EPYC", "cpu_count": 2,
+                   "torch": "2.13.0+cpu", "triton": "3.9.0", "processor": "x86_64"}
+    result = {"samples": 48, "environment": environment, "rows": [
+        row("shipped-dir", 61000, 2.14), row("old-dir", 65000, 2.172, followup_prompts=6144, measured=then),
+        row("new-dir", 63500, 2.2, followup_prompts=32768)]}
+    decoded_rows = [{"drafter": name, "temperature": 0.0, "domain": domain, "prompts": 4, "tau": 2.0,
+                     "per_prompt": {"committed": [20] * 4, "rounds": [10] * 4}}
+                    for name in ("shipped", "old", "new") for domain in ("math", "code", "chat")]
+    decoded = {"max_new_tokens": 64, "rows": decoded_rows, "reused": {"old": then},
+               "drafters": {"shipped": "a/shipped-dir", "old": "b/old-dir", "new": "c/new-dir"}}
+    text = builder.generalization_bullet(result, decoded)
+    assert "Rows of drafters that are no longer on disk were kept from the runs that measured them (`--keep`), on " \
+           "the same sequences: #2 at commit abc1234 (2026-12-05); #1 and #3 in this run (CPU (AMD EPYC, 2 cores), " \
+           "torch 2.13.0+cpu, Triton 3.9.0, commit def5678)." in text
+    assert "The rows of #2 are those decoded at commit abc1234 (2026-12-05), on the same prompts with the same " \
+           "settings (`--reuse`, `--keep`)." in text
+    assert {"abc1234", "2026", "12", "05"} <= builder.printed
+    result["rows"][1].pop("measured")
+    decoded.pop("reused")
+    fresh = builder.generalization_bullet(result, decoded)
+    assert "--keep" not in fresh and "no longer on disk" not in fresh
+
+
 def test_the_limits_say_whether_a_grown_layer_paid():
     def row(name: str, steps: int, held: float, layers: int, **extra) -> dict:
         return {"drafter": name, "steps": steps, "layers": layers, "held_out": {"tau_prob": held}, **extra}
