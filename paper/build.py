@@ -1936,7 +1936,7 @@ def decoded_sentence(result: dict, decoded: dict | None, number: dict[str, int])
     first, *others = result["rows"]
     best = max((r for r in others if r["steps"] > first["steps"]), key=lambda r: r["held_out"]["tau_prob"])
     tag = f"#{number[best['drafter']]}"
-    text = (f" The best, {tag}, is the first to clear three times the seed spread over the shipped drafter (+"
+    text = (f" The best, {tag}, clears three times the seed spread over the shipped drafter (+"
             f"{num(best['held_out']['tau_prob'] - first['held_out']['tau_prob'])}), so it was decoded before "
             "deciding whether to ship it")
     names = {Path(directory).name: name for name, directory in (decoded or {}).get("drafters", {}).items()}

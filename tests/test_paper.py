@@ -189,8 +189,8 @@ def test_a_continuation_that_clears_three_seeds_spread_is_judged_by_decoding():
                "rows": decoded_rows("shipped", False) + decoded_rows("new", True) + decoded_rows("twin", False)}
     text = builder.generalization_bullet(result, decoded)
     assert "None of them was shipped" not in text
-    assert "The best, #3, is the first to clear three times the seed spread over the shipped drafter (+0.040), so " \
-           "it was decoded before deciding whether to ship it: greedy, every slot verified, 4 held-out prompts a " \
+    assert "The best, #3, clears three times the seed spread over the shipped drafter (+0.040), so it was " \
+           "decoded before deciding whether to ship it: greedy, every slot verified, 4 held-out prompts a " \
            "domain and 64 new tokens (`acceptance_candidates_cpu`), it reaches τ 2.000 on average against the " \
            "shipped drafter's 2.000, ahead in math, behind in chat, level in code (τ difference paired over " \
            "prompts, with its 95% bootstrap interval: math +0.400 [+0.400, +0.400]; code +0.000 [+0.000, +0.000]; " \
