@@ -441,18 +441,25 @@ def committed_recipe() -> dict:
 def reused_sentence(result: dict) -> str:
     """Which drafters' rows an acceptance run kept from an earlier run (``--reuse``) and when those were decoded,
     followed by a space; empty when every drafter was decoded in this run."""
-    by_commit: dict[str, list[str]] = {}
-    for name, provenance in result.get("reused", {}).items():
-        day = provenance["date"][:10]
-        by_commit.setdefault(f"commit {provenance['commit']} ({day})", []).append(label(name))
-        printed.add(provenance["commit"].split("-")[0])  # a commit of digits only, and the date, read as numbers
-        printed.update(day.split("-"))
+    by_commit = group_by_commit((label(name), provenance) for name, provenance in result.get("reused", {}).items())
     if not by_commit:
         return ""
     # Labels can hold commas ("DSpark, CE only"), so the drafters of one commit are listed with semicolons.
     kept = " ".join(f"At {where}: {'; '.join(names)}." for where, names in by_commit.items())
     return (f"Drafters that did not change since an earlier run were not decoded again; their rows are that run's "
             f"(`--reuse`), decoded on the same prompts with the same settings. {kept} ")
+
+
+def group_by_commit(items) -> dict[str, list[str]]:
+    """``(what, provenance)`` pairs grouped under "commit C (YYYY-MM-DD)", in the order they come, recording the
+    commit and the date as printed."""
+    groups: dict[str, list[str]] = {}
+    for what, provenance in items:
+        day = provenance["date"][:10]
+        groups.setdefault(f"commit {provenance['commit']} ({day})", []).append(what)
+        printed.add(provenance["commit"].split("-")[0])  # a commit of digits only, and the date, read as numbers
+        printed.update(day.split("-"))
+    return groups
 
 
 def machine(result: dict) -> str:
@@ -1913,13 +1920,8 @@ def generalization_bullet(result: dict, decoded: dict | None = None) -> str:
 def measured_sentence(result: dict, number: dict[str, int]) -> str:
     """Which rows of a generalization result were kept from earlier runs (``--keep``: drafters no longer on disk)
     and when those were measured, as a paragraph; empty when every row was measured in this run."""
-    by_commit: dict[str, list[str]] = {}
-    for row in result["rows"]:
-        if "measured" in row:
-            commit, day = row["measured"]["commit"], row["measured"]["date"][:10]
-            by_commit.setdefault(f"commit {commit} ({day})", []).append(f"#{number[row['drafter']]}")
-            printed.add(commit.split("-")[0])
-            printed.update(day.split("-"))
+    by_commit = group_by_commit((f"#{number[row['drafter']]}", row["measured"]) for row in result["rows"]
+                                if "measured" in row)
     if not by_commit:
         return ""
     fresh = [f"#{number[row['drafter']]}" for row in result["rows"] if "measured" not in row]
@@ -1974,12 +1976,8 @@ def decoded_sentence(result: dict, decoded: dict | None, number: dict[str, int])
                  f"them, reaches {num(mean(row))}; against it {tag} is {verdict(against_row)} "
                  f"({_gap_cells(against_row)}).")
     tags = {name: f"#{number[directory]}" for directory, name in names.items() if directory in number}
-    by_commit: dict[str, list[str]] = {}
-    for name, provenance in decoded.get("reused", {}).items():
-        day = provenance["date"][:10]
-        by_commit.setdefault(f"commit {provenance['commit']} ({day})", []).append(tags.get(name, f"`{name}`"))
-        printed.add(provenance["commit"].split("-")[0])
-        printed.update(day.split("-"))
+    by_commit = group_by_commit((tags.get(name, f"`{name}`"), provenance)
+                                for name, provenance in decoded.get("reused", {}).items())
     if by_commit:
         text += (" The rows of " + "; ".join(f"{listing(rows)} are those decoded at {where}"
                                              for where, rows in by_commit.items())
