@@ -95,6 +95,7 @@ TRAINING = ["dspark/training.py", "dspark/corpus.py", "dspark/loss.py", "dspark/
 SOURCES = {
     "acceptance_cpu": LIBRARY + ["benchmarks/bench_acceptance.py"],
     "acceptance_candidates_cpu": LIBRARY + ["benchmarks/bench_acceptance.py"],
+    "acceptance_curve_cpu": LIBRARY + ["benchmarks/bench_acceptance.py"],
     "agreement_cpu": LIBRARY + ["benchmarks/bench_agreement.py"],
     "training_recipe": TRAINING + ["benchmarks/bench_recipe.py"],
     "training_ablations_cpu": TRAINING + ["benchmarks/bench_ablations.py"],
@@ -889,8 +890,119 @@ def section_training(out: list[str], figures: Path) -> None:
                f"{num(regen['answer_tokens'] / 1e3, '.0f')}k tokens the sequences repeat (a second pass over the "
                "corpus)." + _restarts_caption(arms) + " Each arm's data, steps, wall-clock and threads are listed "
                "above.*\n")
+    _decoded_curve(out, figures)
     _ablations(out)
     _objectives(out)
+
+
+def decoded_points(result: dict) -> dict[str, list[dict]]:
+    """Each arm's checkpoints in a greedy acceptance result, ordered by the answer tokens they had trained on:
+    ``{arm: [{"name", "steps", "tokens", "tau": {domain: τ}, "mean"}]}`` (``dspark-steps8000`` is arm ``dspark``)."""
+    meta = result.get("drafter_metadata", {})
+    arms: dict[str, list[dict]] = {}
+    for name in dict.fromkeys(r["drafter"] for r in result["rows"]):
+        curve = (meta.get(name) or {}).get("curve")
+        if not curve:
+            continue
+        tau = {r["domain"]: r["tau"] for r in result["rows"] if r["drafter"] == name and r["temperature"] == 0}
+        if set(tau) != set(DOMAINS):
+            continue
+        earlier = EARLIER.fullmatch(name)
+        arms.setdefault(earlier[1] if earlier else name, []).append(
+            {"name": name, "steps": meta[name]["steps"], "tokens": curve[-1]["answer_tokens_seen"], "tau": tau,
+             "mean": sum(tau.values()) / len(tau)})
+    return {arm: sorted(points, key=lambda p: p["tokens"]) for arm, points in arms.items()}
+
+
+def per_doubling(points: list[dict], key=lambda p: p["mean"]) -> float:
+    """The least-squares slope of ``key(point)`` against log2 of the answer tokens trained on."""
+    xs = [math.log2(p["tokens"]) for p in points]
+    ys = [key(p) for p in points]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+
+
+def late_points(points: list[dict]) -> list[dict]:
+    """The checkpoints that had trained on at least a quarter of the last one's answer tokens."""
+    return [p for p in points if p["tokens"] >= points[-1]["tokens"] / 4]
+
+
+def _decoded_curve(out: list[str], figures: Path) -> None:
+    """Greedy decoded τ of the committed checkpoints against the answer tokens each had trained on
+    (``acceptance_curve_cpu``): what Figure 2's held-out τ_prob became in decoding."""
+    result = load("acceptance_curve_cpu")
+    if result is None:
+        return
+    arms = decoded_points(result)
+    dspark = arms.get("dspark") or []
+    if len(dspark) < 3:
+        return
+    first, last = dspark[0], dspark[-1]
+
+    def rates(points: list[dict]) -> str:
+        return ", ".join(f"{d} {num(per_doubling(points, lambda p, d=d: p['tau'][d]), '+.2f')}" for d in DOMAINS)
+
+    text = (f"**Decoded, not only held out.** Every committed DSpark checkpoint, from {num(first['steps'], 'd')} to "
+            f"{num(last['steps'], 'd')} steps, decoded the held-out prompts of §1 greedily with every slot verified "
+            f"(`acceptance_curve_cpu`: {num(result['rows'][0]['prompts'], 'd')} prompts a domain, "
+            f"{num(result['max_new_tokens'], 'd')} new tokens; Figure 2b). Mean τ rose from {num(first['mean'])} to "
+            f"{num(last['mean'])}, about {num(per_doubling(dspark), '.2f')} per doubling of the answer tokens "
+            f"trained on (a least-squares fit over the {num(len(dspark), 'd')} checkpoints; {rates(dspark)}).")
+    late = late_points(dspark)
+    if len(late) >= 3:
+        text += (f" From {num(late[0]['steps'], 'd')} steps on ({num(len(late), 'd')} checkpoints) the rates were "
+                 f"{rates(late)}: the later checkpoints also trained on the code and word-problem pools added along "
+                 "the way (§2), and their gains are where those pools are, while chat, whose ShareGPT data stayed "
+                 "the same, stayed nearly flat. The curve is that of this drafter's path, not of more of the same "
+                 "data.")
+    dflash = arms.get("dflash") or []
+    at_same = [(p, q) for p in dflash for q in dspark if q["steps"] == p["steps"]]
+    if at_same:
+        ahead = sum(q["mean"] > p["mean"] for p, q in at_same)
+        text += (f" At the {listing([num(p['steps'], 'd') for p, _ in at_same])} steps where both arms have a "
+                 f"checkpoint on the same data, DSpark's mean τ is above DFlash's at {num(ahead, 'd')} of "
+                 f"{num(len(at_same), 'd')} (" + "; ".join(f"{num(q['mean'])} against {num(p['mean'])}"
+                                                           for p, q in at_same) + ").")
+    out.append(text + "\n")
+    _figure_decoded_curve(arms, pool_start_tokens(result["drafter_metadata"].get(last["name"], {})), figures)
+    out.append("![Decoded acceptance against training data](figures/decoded_tau_vs_tokens.png)\n")
+    out.append("*Figure 2b. Greedy decoded τ (γ = 7, every slot verified, bonus included) of each committed "
+               "checkpoint against the answer tokens it had trained on, per domain (DSpark solid, DFlash dashed), "
+               "on a log axis. Dotted lines: where a pool of code prompts (code, code2) or word problems (math, "
+               "math2, math3) joined the DSpark drafter's data.*\n")
+
+
+def pool_start_tokens(meta: dict) -> dict[str, float]:
+    """The answer tokens a drafter had trained on when each added pool joined its data (from its metadata)."""
+    seen = {c["step"]: c["answer_tokens_seen"] for c in meta.get("curve", [])}
+    return {pool: seen[step] for pool, step in pool_start_steps(meta.get("run")).items() if step in seen}
+
+
+def _figure_decoded_curve(arms: dict[str, list[dict]], pools: dict[str, float], figures: Path) -> None:
+    from matplotlib.ticker import ScalarFormatter
+
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    markers = {"math": "o", "code": "s", "chat": "^"}
+    for arm, points in arms.items():
+        for domain in DOMAINS:
+            ax.plot([p["tokens"] / 1e6 for p in points], [p["tau"][domain] for p in points],
+                    marker=markers[domain], linestyle="-" if arm == "dspark" else "--",
+                    color=COLORS.get(arm), alpha=0.9 if arm == "dspark" else 0.6,
+                    label=f"{label(arm)}, {domain}")
+    for pool, tokens in pools.items():
+        ax.axvline(tokens / 1e6, color="grey", linewidth=0.8, linestyle=":")
+        ax.annotate(f"+{pool}", (tokens / 1e6, 1.0), xycoords=("data", "axes fraction"), rotation=90,
+                    ha="right", va="top", fontsize=7, color="grey")
+    ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.xaxis.set_minor_formatter(ScalarFormatter())
+    ax.tick_params(axis="x", which="both", labelsize=8)
+    ax.set_xlabel("answer tokens trained on (millions)")
+    ax.set_ylabel("greedy decoded τ")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7, ncol=2, loc="upper left", bbox_to_anchor=(0.0, 0.9))
+    _save(fig, figures, "decoded_tau_vs_tokens.png")
 
 
 ABLATIONS = {
@@ -1784,6 +1896,31 @@ def _doublings_to(last: dict, goal: float, per_doubling: float, seconds: float |
             f"more doublings, some {num(tokens / 1e6, '.0f')} M answer tokens seen{pace}.")
 
 
+def _decoded_doublings_to(result: dict | None, goal: float, seconds: float | None) -> str:
+    """The same extrapolation for greedy decoded τ, at the rate of the least-squares fit over the committed DSpark
+    checkpoints (Figure 2b), as a sentence with its leading space ("" without those checkpoints or when the goal
+    is reached)."""
+    points = decoded_points(result).get("dspark", []) if result else []
+    if len(points) < 3 or points[-1]["mean"] >= goal:
+        return ""
+    last, rate = points[-1], per_doubling(points)
+    if rate <= 0:
+        return f" Decoded greedy τ (Figure 2b) has not risen with the tokens seen; it stands at {num(last['mean'])}."
+    doublings = (goal - last["mean"]) / rate
+    pace = "" if not seconds else (
+        f", about {num(2 ** doublings * seconds / 3600, '.0f')} hours of training at this run's pace")
+    late = late_points(points)
+    chat = per_doubling(late, lambda p: p["tau"]["chat"]) if len(late) >= 3 else None
+    return (f" What a speedup rests on is decoded τ, and there the committed checkpoints gained "
+            f"{num(rate, '.2f')} per doubling of the tokens seen (Figure 2b): at that rate a mean greedy τ of "
+            f"{num(goal, '.1f')} would take about {num(doublings, '.0f')} more doublings, some "
+            f"{num(2 ** doublings * last['tokens'] / 1e9, '.1f')} billion answer tokens seen{pace}."
+            + ("" if chat is None else
+               f" The later gains came from domain data added for math and code; chat gained "
+               f"{num(chat, '.2f')} per doubling over the same stretch, so the mean's rate rests on finding such "
+               "data for every domain."))
+
+
 SEED_SPREAD = 0.01
 """How far a second seed of the recipe moves held-out τ_prob (the ablations): a smaller change is noise, and a
 continuation is worth shipping from three times this."""
@@ -1797,6 +1934,15 @@ def beside(held: float, other: float, level: str = "level with") -> str:
 def grew(row: dict, first: dict) -> bool:
     """Whether the generalization ``row`` is a drafter with another number of layers than the shipped ``first``."""
     return row.get("layers", first.get("layers")) != first.get("layers")
+
+
+def weights_phrase(row: dict) -> str:
+    """A run's loss mix where it replaced the recipe's 0.1·CE + 0.9·L1: "cross-entropy alone" or "0.5·CE + 0.5·L1"."""
+    from dspark.loss import CE_WEIGHT, L1_WEIGHT
+
+    ce = CE_WEIGHT if row.get("ce_weight") is None else row["ce_weight"]
+    l1 = L1_WEIGHT if row.get("l1_weight") is None else row["l1_weight"]
+    return "cross-entropy alone" if l1 == 0 else f"{num(ce, 'g')}·CE + {num(l1, 'g')}·L1"
 
 
 def generalization_bullet(result: dict, decoded: dict | None = None) -> str:
@@ -1839,6 +1985,8 @@ def generalization_bullet(result: dict, decoded: dict | None = None) -> str:
             parts.append(f"{num(row['followup_prompts'], 'd')} later ShareGPT turns")
         if row.get("lr") != first.get("lr"):
             parts.append(f"peak learning rate {num(row['lr'], 'g')}")
+        if row.get("ce_weight") is not None or row.get("l1_weight") is not None:
+            parts.append(weights_phrase(row))
         return ", ".join(parts)
 
     def path(row: dict) -> str:
@@ -1901,6 +2049,18 @@ def generalization_bullet(result: dict, decoded: dict | None = None) -> str:
                      f"(#{number[row['drafter']]}), the drafter ends {level} #{number[twin['drafter']]}, the same run "
                      f"without them (held-out τ_prob {num(held)} against {num(twin_held)}, training τ_prob "
                      f"{num(row['train']['tau_prob'])} against {num(twin['train']['tau_prob'])}).")
+    for row in (r for r in continued if r.get("ce_weight") is not None or r.get("l1_weight") is not None):
+        same = ("steps", "dropout", "sampled_prompts", "followup_prompts", "lr", "layers")
+        twins = [r for r in continued if r.get("ce_weight") is None and r.get("l1_weight") is None
+                 and all(r.get(k) == row.get(k) for k in same)]
+        if twins:
+            twin = twins[0]
+            held, twin_held = row["held_out"]["tau_prob"], twin["held_out"]["tau_prob"]
+            text += (f" Trained on {weights_phrase(row)} (#{number[row['drafter']]}), the drafter ends "
+                     f"{beside(held, twin_held)} #{number[twin['drafter']]}, the same run on the recipe's loss "
+                     f"(held-out τ_prob {num(held)} against {num(twin_held)}, CE {num(row['held_out']['ce'], '.2f')} "
+                     f"against {num(twin['held_out']['ce'], '.2f')}); τ_prob scores sampling at T = 1, which L1 "
+                     "trains for, while greedy decoding accepts only the target's argmax.")
     for row in (r for r in others if r.get("average_of")):
         ingredients = [r for r in result["rows"] if r["drafter"] in row["average_of"]]
         best = max(r["held_out"]["tau_prob"] for r in ingredients)
@@ -2048,6 +2208,7 @@ def section_limits(out: list[str]) -> None:
                    f"{num(lo['answer_tokens_seen'] / 1e3, '.0f')}k answer tokens to {num(hi['eval_tau_prob'])} at "
                    f"{num(hi['answer_tokens_seen'] / 1e3, '.0f')}k: about {num(per_doubling, '.2f')} per doubling "
                    "of the data." + second_pass + _doublings_to(curve[-1], 2.5, per_doubling, seconds)
+                   + _decoded_doublings_to(load("acceptance_curve_cpu"), 2.5, seconds)
                    + " The paper's "
                    f"drafters have five layers and see {quote(1.3)} M samples {quote(10, 'd')} times. This recipe "
                    "already took the paper's largest step, from one draft layer to two; the levers left are more "

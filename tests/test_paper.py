@@ -345,3 +345,70 @@ def test_a_named_dtype_is_not_an_earlier_recipe_where_the_recipe_says_auto():
     assert builder.recipe_difference({"precision": "bf16", "lr": 0.001, "steps": 2000}, recipe) == ""
     assert "lr 0.003" in builder.recipe_difference({"precision": "bf16", "lr": 0.003}, recipe)
     assert "precision fp32" in builder.recipe_difference({"precision": "fp32"}, {"precision": "bf16"})
+
+
+def test_a_continuation_on_another_loss_is_named_and_set_beside_its_twin():
+    def row(name: str, steps: int, held: float, **extra) -> dict:
+        return {"drafter": name, "steps": steps, "lr": 3e-4, "layers": 2, "followup_prompts": 32768,
+                "held_out": {"tau_prob": held, "ce": 3.1}, "train": {"tau_prob": 2.6, "ce": 2.7}, **extra}
+
+    shipped = dict(row("shipped", 61000, 2.141), followup_prompts=0)
+    result = {"samples": 48, "rows": [shipped, row("l1", 63500, 2.179),
+                                      row("ce", 63500, 2.15, ce_weight=1.0, l1_weight=0.0),
+                                      row("mixed", 63500, 2.18, ce_weight=0.5, l1_weight=0.5)]}
+    text = builder.generalization_bullet(result)
+    assert "| 3 | `ce` | 2500 steps more, 32768 later ShareGPT turns, cross-entropy alone |" in text
+    assert "| 4 | `mixed` | 2500 steps more, 32768 later ShareGPT turns, 0.5·CE + 0.5·L1 |" in text
+    assert "Trained on cross-entropy alone (#3), the drafter ends below #2, the same run on the recipe's loss " \
+           "(held-out τ_prob 2.150 against 2.179, CE 3.10 against 3.10)" in text
+    assert "Trained on 0.5·CE + 0.5·L1 (#4), the drafter ends level with #2" in text
+
+
+def _curve_result(taus: dict[str, list[tuple[int, float, float, float]]]) -> dict:
+    """An acceptance result of greedy rows only: ``{drafter: [(steps, math, code, chat)]}`` checkpoints, each
+    having seen 640 answer tokens a step."""
+    rows, meta = [], {}
+    for arm, points in taus.items():
+        for steps, *values in points:
+            name = arm if steps == points[-1][0] else f"{arm}-steps{steps}"
+            meta[name] = {"steps": steps, "curve": [{"step": steps, "answer_tokens_seen": 640 * steps}]}
+            rows += [{"drafter": name, "temperature": 0.0, "domain": d, "tau": t, "prompts": 24}
+                     for d, t in zip(builder.DOMAINS, values)]
+    return {"rows": rows, "drafter_metadata": meta, "max_new_tokens": 64}
+
+
+def test_decoded_tau_is_fitted_per_doubling_of_the_tokens_seen():
+    result = _curve_result({"dspark": [(1000, 1.5, 1.4, 1.3), (2000, 1.6, 1.5, 1.4), (4000, 1.7, 1.6, 1.5),
+                                       (8000, 1.8, 1.7, 1.5)],
+                            "dflash": [(1000, 1.45, 1.35, 1.3), (2000, 1.5, 1.4, 1.45)]})
+    arms = builder.decoded_points(result)
+    assert [p["name"] for p in arms["dspark"]] == ["dspark-steps1000", "dspark-steps2000", "dspark-steps4000",
+                                                   "dspark"]
+    assert arms["dspark"][-1]["tokens"] == 640 * 8000
+    assert builder.per_doubling(arms["dspark"][:3]) == pytest.approx(0.1)
+    assert builder.per_doubling(arms["dspark"], lambda p: p["tau"]["math"]) == pytest.approx(0.1)
+    # The last quarter of the tokens: 2000, 4000 and 8000 steps, where chat gained 0.05 a doubling.
+    assert [p["steps"] for p in builder.late_points(arms["dspark"])] == [2000, 4000, 8000]
+    sentence = builder._decoded_doublings_to(result, 2.5, seconds=3600.0)
+    mean = builder.per_doubling(arms["dspark"])
+    doublings = (2.5 - arms["dspark"][-1]["mean"]) / mean
+    assert f"gained {mean:.2f} per doubling" in sentence
+    assert f"about {doublings:.0f} more doublings" in sentence
+    assert f"about {2 ** doublings:.0f} hours of training" in sentence
+    assert "chat gained 0.05 per doubling" in sentence
+    assert builder._decoded_doublings_to(None, 2.5, None) == ""
+    flat = _curve_result({"dspark": [(1000, 1.5, 1.5, 1.5), (2000, 1.5, 1.5, 1.5), (4000, 1.5, 1.4, 1.5)]})
+    assert "has not risen with the tokens seen; it stands at 1.467" in builder._decoded_doublings_to(flat, 2.5, None)
+
+
+def test_the_decoded_curve_compares_the_arms_at_equal_steps(tmp_path, monkeypatch):
+    result = _curve_result({"dspark": [(1000, 1.5, 1.4, 1.3), (2000, 1.6, 1.5, 1.4), (4000, 1.7, 1.6, 1.5)],
+                            "dflash": [(1000, 1.45, 1.35, 1.3), (2000, 1.6, 1.5, 1.45)]})
+    monkeypatch.setattr(builder, "load", lambda name, cited=True: result if name == "acceptance_curve_cpu" else None)
+    out: list[str] = []
+    builder._decoded_curve(out, tmp_path)
+    text = "\n".join(out)
+    assert "Mean τ rose from 1.400 to 1.600, about 0.10 per doubling" in text
+    assert "At the 1000 and 2000 steps where both arms have a checkpoint on the same data, DSpark's mean τ is above " \
+           "DFlash's at 1 of 2 (1.400 against 1.367; 1.500 against 1.517)." in text
+    assert (tmp_path / "decoded_tau_vs_tokens.png").stat().st_size > 0
