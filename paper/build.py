@@ -914,12 +914,17 @@ def decoded_points(result: dict) -> dict[str, list[dict]]:
     return {arm: sorted(points, key=lambda p: p["tokens"]) for arm, points in arms.items()}
 
 
-def per_doubling(points: list[dict], key=lambda p: p["mean"]) -> float:
+def slope_per_doubling(points: list[dict], key=lambda p: p["mean"]) -> float:
     """The least-squares slope of ``key(point)`` against log2 of the answer tokens trained on."""
     xs = [math.log2(p["tokens"]) for p in points]
     ys = [key(p) for p in points]
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+
+
+FLAT_PER_DOUBLING = 0.05
+"""A decoded-τ slope below this per doubling of the tokens seen reads as nearly flat: over the two doublings of a
+late stretch it moves τ by less than 0.1, the width of a domain's paired bootstrap interval at 24 prompts (§1)."""
 
 
 def late_points(points: list[dict]) -> list[dict]:
@@ -940,21 +945,26 @@ def _decoded_curve(out: list[str], figures: Path) -> None:
     first, last = dspark[0], dspark[-1]
 
     def rates(points: list[dict]) -> str:
-        return ", ".join(f"{d} {num(per_doubling(points, lambda p, d=d: p['tau'][d]), '+.2f')}" for d in DOMAINS)
+        return ", ".join(f"{d} {num(slope_per_doubling(points, lambda p, d=d: p['tau'][d]), '+.2f')}" for d in DOMAINS)
 
     text = (f"**Decoded, not only held out.** Every committed DSpark checkpoint, from {num(first['steps'], 'd')} to "
             f"{num(last['steps'], 'd')} steps, decoded the held-out prompts of §1 greedily with every slot verified "
             f"(`acceptance_curve_cpu`: {num(result['rows'][0]['prompts'], 'd')} prompts a domain, "
             f"{num(result['max_new_tokens'], 'd')} new tokens; Figure 2b). Mean τ rose from {num(first['mean'])} to "
-            f"{num(last['mean'])}, about {num(per_doubling(dspark), '.2f')} per doubling of the answer tokens "
+            f"{num(last['mean'])}, about {num(slope_per_doubling(dspark), '.2f')} per doubling of the answer tokens "
             f"trained on (a least-squares fit over the {num(len(dspark), 'd')} checkpoints; {rates(dspark)}).")
     late = late_points(dspark)
+    pools = pool_start_tokens(result["drafter_metadata"].get(last["name"], {}))
     if len(late) >= 3:
         text += (f" From {num(late[0]['steps'], 'd')} steps on ({num(len(late), 'd')} checkpoints) the rates were "
-                 f"{rates(late)}: the later checkpoints also trained on the code and word-problem pools added along "
-                 "the way (§2), and their gains are where those pools are, while chat, whose ShareGPT data stayed "
-                 "the same, stayed nearly flat. The curve is that of this drafter's path, not of more of the same "
-                 "data.")
+                 f"{rates(late)}")
+        joined = [pool for pool, tokens in pools.items() if tokens >= late[0]["tokens"]]
+        if joined:
+            flat = abs(slope_per_doubling(late, lambda p: p["tau"]["chat"])) < FLAT_PER_DOUBLING
+            text += (f", while {listing([POOLS[pool] for pool in joined])} joined the data (§2)"
+                     + ("; chat, whose ShareGPT data stayed the same, stayed nearly flat" if flat else "")
+                     + ". The curve is that of this drafter's path, not of more of the same data")
+        text += "."
     dflash = arms.get("dflash") or []
     at_same = [(p, q) for p in dflash for q in dspark if q["steps"] == p["steps"]]
     if at_same:
@@ -964,7 +974,7 @@ def _decoded_curve(out: list[str], figures: Path) -> None:
                  f"{num(len(at_same), 'd')} (" + "; ".join(f"{num(q['mean'])} against {num(p['mean'])}"
                                                            for p, q in at_same) + ").")
     out.append(text + "\n")
-    _figure_decoded_curve(arms, pool_start_tokens(result["drafter_metadata"].get(last["name"], {})), figures)
+    _figure_decoded_curve(arms, pools, figures)
     out.append("![Decoded acceptance against training data](figures/decoded_tau_vs_tokens.png)\n")
     out.append("*Figure 2b. Greedy decoded τ (γ = 7, every slot verified, bonus included) of each committed "
                "checkpoint against the answer tokens it had trained on, per domain (DSpark solid, DFlash dashed), "
@@ -1903,14 +1913,14 @@ def _decoded_doublings_to(result: dict | None, goal: float, seconds: float | Non
     points = decoded_points(result).get("dspark", []) if result else []
     if len(points) < 3 or points[-1]["mean"] >= goal:
         return ""
-    last, rate = points[-1], per_doubling(points)
+    last, rate = points[-1], slope_per_doubling(points)
     if rate <= 0:
         return f" Decoded greedy τ (Figure 2b) has not risen with the tokens seen; it stands at {num(last['mean'])}."
     doublings = (goal - last["mean"]) / rate
     pace = "" if not seconds else (
         f", about {num(2 ** doublings * seconds / 3600, '.0f')} hours of training at this run's pace")
     late = late_points(points)
-    chat = per_doubling(late, lambda p: p["tau"]["chat"]) if len(late) >= 3 else None
+    chat = slope_per_doubling(late, lambda p: p["tau"]["chat"]) if len(late) >= 3 else None
     return (f" What a speedup rests on is decoded τ, and there the committed checkpoints gained "
             f"{num(rate, '.2f')} per doubling of the tokens seen (Figure 2b): at that rate a mean greedy τ of "
             f"{num(goal, '.1f')} would take about {num(doublings, '.0f')} more doublings, some "

@@ -385,12 +385,12 @@ def test_decoded_tau_is_fitted_per_doubling_of_the_tokens_seen():
     assert [p["name"] for p in arms["dspark"]] == ["dspark-steps1000", "dspark-steps2000", "dspark-steps4000",
                                                    "dspark"]
     assert arms["dspark"][-1]["tokens"] == 640 * 8000
-    assert builder.per_doubling(arms["dspark"][:3]) == pytest.approx(0.1)
-    assert builder.per_doubling(arms["dspark"], lambda p: p["tau"]["math"]) == pytest.approx(0.1)
+    assert builder.slope_per_doubling(arms["dspark"][:3]) == pytest.approx(0.1)
+    assert builder.slope_per_doubling(arms["dspark"], lambda p: p["tau"]["math"]) == pytest.approx(0.1)
     # The last quarter of the tokens: 2000, 4000 and 8000 steps, where chat gained 0.05 a doubling.
     assert [p["steps"] for p in builder.late_points(arms["dspark"])] == [2000, 4000, 8000]
     sentence = builder._decoded_doublings_to(result, 2.5, seconds=3600.0)
-    mean = builder.per_doubling(arms["dspark"])
+    mean = builder.slope_per_doubling(arms["dspark"])
     doublings = (2.5 - arms["dspark"][-1]["mean"]) / mean
     assert f"gained {mean:.2f} per doubling" in sentence
     assert f"about {doublings:.0f} more doublings" in sentence
@@ -409,6 +409,20 @@ def test_the_decoded_curve_compares_the_arms_at_equal_steps(tmp_path, monkeypatc
     builder._decoded_curve(out, tmp_path)
     text = "\n".join(out)
     assert "Mean τ rose from 1.400 to 1.600, about 0.10 per doubling" in text
+    assert "From 1000 steps on (3 checkpoints) the rates were math +0.10, code +0.10, chat +0.10." in text
     assert "At the 1000 and 2000 steps where both arms have a checkpoint on the same data, DSpark's mean τ is above " \
            "DFlash's at 1 of 2 (1.400 against 1.367; 1.500 against 1.517)." in text
     assert (tmp_path / "decoded_tau_vs_tokens.png").stat().st_size > 0
+
+
+def test_the_decoded_curve_names_the_pools_that_joined_its_late_stretch(tmp_path, monkeypatch):
+    result = _curve_result({"dspark": [(1000, 1.5, 1.4, 1.4), (2000, 1.6, 1.5, 1.41), (4000, 1.8, 1.6, 1.42)]})
+    run = _continued([1000, 1000, 2000], [1e-3, 5e-4, 3e-4])
+    run["arguments"]["math_prompts"] = 4000
+    curve = [{"step": steps, "answer_tokens_seen": 640 * steps} for steps in (2000, 4000)]
+    result["drafter_metadata"]["dspark"].update(run=run, curve=curve)
+    monkeypatch.setattr(builder, "load", lambda name, cited=True: result if name == "acceptance_curve_cpu" else None)
+    out: list[str] = []
+    builder._decoded_curve(out, tmp_path)
+    assert "the rates were math +0.15, code +0.10, chat +0.01, while word problems joined the data (§2); chat, whose " \
+           "ShareGPT data stayed the same, stayed nearly flat. The curve is that of this drafter's path" in out[0]
