@@ -124,6 +124,7 @@ def measure(target, directory: Path, count: int, features_targets: dict) -> dict
            "sampled_prompts": arguments.get("sampled_prompts", 0),
            "sampled_temperature": arguments.get("sampled_temperature") if arguments.get("sampled_prompts") else None,
            "followup_prompts": arguments.get("followup_prompts", 0),
+           "ce_weight": arguments.get("ce_weight"), "l1_weight": arguments.get("l1_weight"),
            "average_of": [a["directory"] for a in meta.get("average_of", [])],
            "held_out": evaluate(target, features, drafter, corpus, held_out, arguments, precision),
            "train": evaluate(target, features, drafter, corpus, spread(train, count), arguments, precision),
