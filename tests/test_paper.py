@@ -387,7 +387,7 @@ def test_decoded_tau_is_fitted_per_doubling_of_the_tokens_seen():
     assert arms["dspark"][-1]["tokens"] == 640 * 8000
     assert builder.slope_per_doubling(arms["dspark"][:3]) == pytest.approx(0.1)
     assert builder.slope_per_doubling(arms["dspark"], lambda p: p["tau"]["math"]) == pytest.approx(0.1)
-    # The last quarter of the tokens: 2000, 4000 and 8000 steps, where chat gained 0.05 a doubling.
+    # At least a quarter of the last checkpoint's tokens: 2000, 4000 and 8000 steps, where chat gained 0.05 a doubling.
     assert [p["steps"] for p in builder.late_points(arms["dspark"])] == [2000, 4000, 8000]
     sentence = builder._decoded_doublings_to(result, 2.5, seconds=3600.0)
     mean = builder.slope_per_doubling(arms["dspark"])
