@@ -916,10 +916,7 @@ def decoded_points(result: dict) -> dict[str, list[dict]]:
 
 def slope_per_doubling(points: list[dict], key=lambda p: p["mean"]) -> float:
     """The least-squares slope of ``key(point)`` against log2 of the answer tokens trained on."""
-    xs = [math.log2(p["tokens"]) for p in points]
-    ys = [key(p) for p in points]
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return float(np.polyfit([math.log2(p["tokens"]) for p in points], [key(p) for p in points], 1)[0])
 
 
 FLAT_PER_DOUBLING = 0.05
@@ -1946,6 +1943,16 @@ def grew(row: dict, first: dict) -> bool:
     return row.get("layers", first.get("layers")) != first.get("layers")
 
 
+LOSS_WEIGHTS = ("ce_weight", "l1_weight")
+"""A run's loss weights as the generalization rows record them: ``None`` where it kept the recipe's."""
+
+
+def twin_of(row: dict, candidates: list[dict], same: tuple[str, ...]) -> dict | None:
+    """The first of ``candidates`` trained like ``row`` in every setting of ``same``: the run it differs from in
+    one respect only, or ``None``."""
+    return next((r for r in candidates if all(r.get(k) == row.get(k) for k in same)), None)
+
+
 def weights_phrase(row: dict) -> str:
     """A run's loss mix where it replaced the recipe's 0.1·CE + 0.9·L1: "cross-entropy alone" or "0.5·CE + 0.5·L1"."""
     from dspark.loss import CE_WEIGHT, L1_WEIGHT
@@ -1995,7 +2002,7 @@ def generalization_bullet(result: dict, decoded: dict | None = None) -> str:
             parts.append(f"{num(row['followup_prompts'], 'd')} later ShareGPT turns")
         if row.get("lr") != first.get("lr"):
             parts.append(f"peak learning rate {num(row['lr'], 'g')}")
-        if row.get("ce_weight") is not None or row.get("l1_weight") is not None:
+        if any(row.get(k) is not None for k in LOSS_WEIGHTS):
             parts.append(weights_phrase(row))
         return ", ".join(parts)
 
@@ -2035,10 +2042,9 @@ def generalization_bullet(result: dict, decoded: dict | None = None) -> str:
                  "zero, so the run starts from the shipped drafter's predictions: "
                  "`BlockBackbone.grow`).") if grown else "."
         for row in grown:
-            same = ("steps", "dropout", "sampled_prompts", "followup_prompts")
-            twins = [r for r in continued if r not in grown and all(r.get(k) == row.get(k) for k in same)]
-            if twins:
-                twin = twins[0]
+            twin = twin_of(row, [r for r in continued if r not in grown],
+                           ("steps", "dropout", "sampled_prompts", "followup_prompts", *LOSS_WEIGHTS))
+            if twin:
                 held, twin_held = row["held_out"]["tau_prob"], twin["held_out"]["tau_prob"]
                 level = beside(held, twin_held)
                 rates = "" if row.get("lr") == twin.get("lr") else \
@@ -2049,22 +2055,20 @@ def generalization_bullet(result: dict, decoded: dict | None = None) -> str:
                          f"{num(twin_held)}, training τ_prob {num(row['train']['tau_prob'])} against "
                          f"{num(twin['train']['tau_prob'])}).")
     for row in (r for r in continued if r.get("followup_prompts")):
-        same = ("steps", "dropout", "sampled_prompts", "lr", "layers")
-        twins = [r for r in continued if not r.get("followup_prompts") and all(r.get(k) == row.get(k) for k in same)]
-        if twins:
-            twin = twins[0]
+        twin = twin_of(row, [r for r in continued if not r.get("followup_prompts")],
+                       ("steps", "dropout", "sampled_prompts", "lr", "layers", *LOSS_WEIGHTS))
+        if twin:
             held, twin_held = row["held_out"]["tau_prob"], twin["held_out"]["tau_prob"]
             level = beside(held, twin_held)
             text += (f" With {num(row['followup_prompts'], 'd')} later ShareGPT turns added "
                      f"(#{number[row['drafter']]}), the drafter ends {level} #{number[twin['drafter']]}, the same run "
                      f"without them (held-out τ_prob {num(held)} against {num(twin_held)}, training τ_prob "
                      f"{num(row['train']['tau_prob'])} against {num(twin['train']['tau_prob'])}).")
-    for row in (r for r in continued if r.get("ce_weight") is not None or r.get("l1_weight") is not None):
-        same = ("steps", "dropout", "sampled_prompts", "followup_prompts", "lr", "layers")
-        twins = [r for r in continued if r.get("ce_weight") is None and r.get("l1_weight") is None
-                 and all(r.get(k) == row.get(k) for k in same)]
-        if twins:
-            twin = twins[0]
+    reweighted = [r for r in continued if any(r.get(k) is not None for k in LOSS_WEIGHTS)]
+    for row in reweighted:
+        twin = twin_of(row, [r for r in continued if r not in reweighted],
+                       ("steps", "dropout", "sampled_prompts", "followup_prompts", "lr", "layers"))
+        if twin:
             held, twin_held = row["held_out"]["tau_prob"], twin["held_out"]["tau_prob"]
             text += (f" Trained on {weights_phrase(row)} (#{number[row['drafter']]}), the drafter ends "
                      f"{beside(held, twin_held)} #{number[twin['drafter']]}, the same run on the recipe's loss "
