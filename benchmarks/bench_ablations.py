@@ -114,7 +114,7 @@ def run_variant(name: str, split: dict, steps: int, eval_every: int, features: s
     from dspark.drafter import DSparkDrafter
     from dspark.loss import dspark_loss
     from dspark.target import load_default_target
-    from dspark.training import OfflineFeatures, TrainConfig, Trainer, tune_cpu_allocator
+    from dspark.training import OfflineFeatures, TrainConfig, Trainer, TrainingLoss, tune_cpu_allocator
     from dspark.vocab import build_draft_vocab, token_counts
 
     settings = {"objective": "dspark", "seed": 0, "lr": 1e-3, "tap_rms": False, "hidden_weight": 0.0,
@@ -149,29 +149,31 @@ def run_variant(name: str, split: dict, steps: int, eval_every: int, features: s
                     raise ValueError(f"target layers do not map onto draft layers: {missing}, {unexpected}")
     weight = settings["hidden_weight"]
 
-    class HiddenRegression(Trainer):
+    class HiddenRegression(TrainingLoss):
         """The recipe's loss plus ``weight`` × smooth-L1(draft hidden, target hidden) over supervised slots."""
 
-        def _loss(self, blocks, normalizer, lm_head=None):
+        def forward(self, blocks, normalizer, *, predictions=False):
             with self._autocast():
                 hidden, features, conf = self.drafter.training_outputs(
-                    blocks.anchor_ids[None], blocks.anchor_pos[None], blocks.taps[None], blocks.next_ids[None],
-                    blocks.block_valid[None])
+                    blocks.anchor_ids, blocks.anchor_pos, blocks.taps, blocks.next_ids, blocks.block_valid)
             d = hidden.shape[-1]
             out = dspark_loss(
-                hidden.reshape(-1, d), self._loss_head() if lm_head is None else lm_head,
-                blocks.target_hidden.reshape(-1, d), self.target_lm_head, blocks.labels.reshape(-1),
-                blocks.weights.reshape(-1), markov_emb=features.reshape(-1, features.shape[-1]),
+                hidden.reshape(-1, d), self.drafter.lm_head.weight, blocks.target_hidden.reshape(-1, d),
+                self.target_lm_head, blocks.labels.reshape(-1), blocks.weights.reshape(-1),
+                markov_emb=features.reshape(-1, features.shape[-1]),
                 markov_w2=self.drafter.markov_head.markov_w2.weight, confidence_logits=conf.reshape(-1),
                 normalizer=normalizer, **self.config.loss_weights())
-            regression = F.smooth_l1_loss(hidden[0].float(), blocks.target_hidden.float(), reduction="none").mean(-1)
+            regression = F.smooth_l1_loss(hidden.float(), blocks.target_hidden.float(), reduction="none").mean(-1)
             out.loss = out.loss + weight * (regression * blocks.weights).sum() / normalizer
+            if predictions:
+                logits = self.drafter.lm_head(hidden) + features @ self.drafter.markov_head.markov_w2.weight.T
+                return out, logits.argmax(-1)
             return out
 
     train_config = TrainConfig(steps=steps, objective=settings["objective"], num_anchors=48, lr=settings["lr"],
                                sequences_per_step=4, eval_every=eval_every, precision="fp32", seed=settings["seed"])
-    trainer = (HiddenRegression if weight else Trainer)(drafter, target.lm_head_weight(), source, train,
-                                                        train_config, held_out=held_out)
+    trainer = Trainer(drafter, target.lm_head_weight(), source, train, train_config, held_out=held_out,
+                      loss_class=HiddenRegression if weight else TrainingLoss)
     start = time.perf_counter()
     history = trainer.fit(progress=False)
     curve = [{k: row[k] for k in ("step", "answer_tokens_seen", "eval_tau_prob", "eval_accuracy", "eval_ce")}

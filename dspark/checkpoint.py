@@ -37,12 +37,16 @@ def save_drafter(drafter: DSparkDrafter, directory: str | os.PathLike, *, includ
 
 
 def write_drafter_files(drafter: DSparkDrafter, directory: Path, *, include_shared: bool = False,
-                        dtype: torch.dtype | None = None, metadata: dict | None = None) -> None:
-    """``config.json`` and ``model.safetensors`` into an existing (temporary) folder."""
+                        dtype: torch.dtype | None = None, metadata: dict | None = None,
+                        state: dict[str, torch.Tensor] | None = None) -> None:
+    """``config.json`` and ``model.safetensors`` into an existing (temporary) folder.
+
+    ``state``: the weights to write when they are not ``drafter.state_dict()`` (a sharded run's, gathered).
+    """
     import safetensors.torch
 
     tensors = {}
-    for name, value in drafter.state_dict().items():
+    for name, value in (drafter.state_dict() if state is None else state).items():
         if name in SHARED and not include_shared:
             continue
         value = value.detach().cpu().contiguous()

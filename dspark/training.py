@@ -9,9 +9,11 @@
 * Anchors, labels, contiguous-prefix masks and position weights follow method.md §3, §8:
   :func:`sample_anchors`, :func:`block_targets`.
 * :class:`Trainer`: AdamW, linear warm-up then cosine to 0, gradient clipping, a progress bar, held-out
-  evaluation, atomic safetensors checkpoints and a bit-for-bit resume. Under ``torch.distributed`` every
-  rank takes its share of each step's sequences, the loss denominator Σw is summed over ranks and so are
-  the gradients, so the update equals the single-process one (token-exact).
+  evaluation, atomic safetensors checkpoints and a bit-for-bit resume. A step stacks all of its sequences'
+  blocks into one :class:`BlockBatch` and runs one forward, loss and backward (:class:`TrainingLoss`).
+  Under ``torch.distributed`` every rank takes its share of each step's sequences, the loss denominator Σw
+  is summed over ranks, and DDP or FSDP2 reduce the gradients (:mod:`dspark.distributed`), so the update
+  equals the single-process one up to the order of floating-point sums.
 
 Anchor sampling draws from a generator seeded by (seed, step, sequence index), so which rank handles a
 sequence, and whether the run was resumed, never changes the anchors.
@@ -38,6 +40,8 @@ import torch
 
 from dspark._checks import all_finite, check_tensor
 from dspark.checkpoint import load_drafter, read_checkpoint_config, write_drafter_files
+from dspark.distributed import (PARALLEL, barrier, drafter_name, full_state, full_tensor, load_full_state, rank,
+                                resolve_parallel, world_size, wrap_for_data_parallel)
 from dspark.drafter import DSparkDrafter
 from dspark.io import atomic_directory
 from dspark.loss import CE_WEIGHT, CONFIDENCE_WEIGHT, DECAY, L1_WEIGHT, dspark_loss, position_weights, vocab_product
@@ -110,21 +114,29 @@ def block_targets(token_ids: torch.Tensor, loss_mask: torch.Tensor, anchor_pos: 
     ``a + k + 1 < S`` and ``loss_mask[a + k + 1]`` hold for it and every earlier slot (a contiguous prefix).
     The target distribution of slot k is the target's next-token distribution at position ``a + k``.
 
+    Args:
+        token_ids, loss_mask: ``[..., S]``; anchor_pos, block_valid: ``[..., N]`` (leading dims: sequences,
+            padded at the end with positions outside the loss mask).
+
     Returns:
-        ``labels [N, γ]``, ``eval_mask [N, γ]`` bool, ``next_ids [N, γ−1]`` (ground truth x_1..x_{γ−1},
-        the previous tokens of slots 2..γ) and ``target_index [N, γ]`` (positions of p_t), all clamped
-        into range where masked.
+        ``labels [..., N, γ]``, ``eval_mask [..., N, γ]`` bool, ``next_ids [..., N, γ−1]`` (ground truth
+        x_1..x_{γ−1}, the previous tokens of slots 2..γ) and ``target_index [..., N, γ]`` (positions of p_t),
+        all clamped into range where masked.
     """
-    seq_len = token_ids.shape[0]
+    seq_len = token_ids.shape[-1]
     slots = torch.arange(block_size)
-    label_index = anchor_pos[:, None] + slots + 1
+    label_index = anchor_pos[..., None] + slots + 1
     in_range = label_index < seq_len
     clamped = label_index.clamp(max=seq_len - 1)
-    supervised = in_range & loss_mask[clamped] & block_valid[:, None]
+
+    def at(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        return values.gather(-1, index.flatten(-2)).view(index.shape)
+
+    supervised = in_range & at(loss_mask, clamped) & block_valid[..., None]
     eval_mask = supervised.long().cumprod(-1).bool()
-    labels = token_ids[clamped]
-    target_index = (anchor_pos[:, None] + slots).clamp(max=seq_len - 1)
-    return labels, eval_mask, labels[:, :-1], target_index
+    labels = at(token_ids, clamped)
+    target_index = (anchor_pos[..., None] + slots).clamp(max=seq_len - 1)
+    return labels, eval_mask, labels[..., :-1], target_index
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -350,6 +362,10 @@ class TrainConfig:
     operands (softmax, CE, L1 and the weights' updates stay fp32); ``fp32`` runs everything in fp32;
     ``auto`` is bf16 on a GPU and fp32 on a CPU. On CPUs with bf16 units ``bf16`` is about twice as fast;
     on CPUs without them it is emulated and far slower (:func:`fastest_precision` measures which).
+
+    ``parallel``: the data-parallel engine under ``torch.distributed`` (:mod:`dspark.distributed`): ``ddp``,
+    ``fsdp``, ``none`` or ``auto`` (``ddp`` with several ranks). ``sequences_per_step`` is the global batch
+    and must divide evenly over the ranks; every engine takes the same steps as one process.
     """
 
     steps: int = 200
@@ -371,6 +387,7 @@ class TrainConfig:
     l1_weight: float | None = None
     dropout: float = 0.0
     step_offset: int = 0
+    parallel: str = "auto"
 
     def __post_init__(self):
         if self.objective not in ("dspark", "dflash", "eagle3"):
@@ -392,6 +409,8 @@ class TrainConfig:
             raise ValueError("dropout applies to the dspark and dflash objectives, not 'eagle3'")
         if self.precision not in ("auto", "fp32", "bf16"):
             raise ValueError(f"precision must be 'auto', 'fp32' or 'bf16', got {self.precision!r}")
+        if self.parallel not in PARALLEL:
+            raise ValueError(f"parallel must be one of {', '.join(PARALLEL)}, got {self.parallel!r}")
 
     def loss_weights(self) -> dict:
         if self.objective in ("dflash", "eagle3"):
@@ -401,9 +420,9 @@ class TrainConfig:
                     confidence_weight=CONFIDENCE_WEIGHT)
 
 
-# A resumed run may change these: they set how often it evaluates and saves, and which (equivalent) loss kernel
-# runs, not which steps it takes.
-RESUME_FREE_SETTINGS = frozenset({"eval_every", "checkpoint_every", "loss_backend", "loss_chunk_rows"})
+# A resumed run may change these: they set how often it evaluates and saves, and which (equivalent) loss kernel or
+# data-parallel engine runs, not which steps it takes.
+RESUME_FREE_SETTINGS = frozenset({"eval_every", "checkpoint_every", "loss_backend", "loss_chunk_rows", "parallel"})
 
 
 def lr_factor(step: int, config: TrainConfig) -> float:
@@ -417,7 +436,11 @@ def lr_factor(step: int, config: TrainConfig) -> float:
 
 @dataclass
 class BlockBatch:
-    """Everything one sequence contributes to a step."""
+    """The blocks of one step: ``N`` anchors in each of ``B`` sequences, contexts padded to the longest.
+
+    ``anchor_ids, anchor_pos [B, N]``, ``block_valid [B, N]`` bool, ``taps [B, S, taps·H_t]``,
+    ``labels, weights [B, N, γ]``, ``next_ids [B, N, γ−1]`` and ``target_hidden [B, N, γ, H_t]``.
+    """
 
     anchor_ids: torch.Tensor
     anchor_pos: torch.Tensor
@@ -432,13 +455,110 @@ class BlockBatch:
         return BlockBatch(*(getattr(self, f.name).to(device) for f in fields(self)))
 
 
-def prepare_blocks(sample: Sample, taps: torch.Tensor, final_hidden: torch.Tensor, block_size: int,
-                   num_anchors: int, decay: float, generator: torch.Generator) -> BlockBatch:
-    anchor_pos, block_valid = sample_anchors(sample.loss_mask, num_anchors, generator)
-    labels, eval_mask, next_ids, target_index = block_targets(sample.token_ids, sample.loss_mask, anchor_pos,
-                                                              block_valid, block_size)
-    return BlockBatch(sample.token_ids[anchor_pos], anchor_pos, block_valid, taps, labels, next_ids,
-                      position_weights(eval_mask, decay), final_hidden[target_index])
+def prepare_blocks(samples: list[Sample], features: list[tuple[torch.Tensor, torch.Tensor]], block_size: int,
+                   num_anchors: int, decay: float, generators: list[torch.Generator]) -> BlockBatch:
+    """Cut the blocks of several sequences and stack them into one :class:`BlockBatch`.
+
+    Each sequence draws its anchors from its own generator, so its blocks do not depend on which sequences
+    share its step or its rank. Sequences are padded at the end to the longest: padded context rows are
+    zeros that no block sees (block n attends to rows before its anchor only) and padded positions are
+    outside the loss mask, so they are never labels.
+    """
+    longest = max(s.token_ids.shape[0] for s in samples)
+    taps0, hidden0 = features[0]
+    token_ids = torch.zeros(len(samples), longest, dtype=torch.long)
+    loss_mask = torch.zeros(len(samples), longest, dtype=torch.bool)
+    taps = taps0.new_zeros(len(samples), longest, taps0.shape[-1])
+    hidden = hidden0.new_zeros(len(samples), longest, hidden0.shape[-1])
+    anchors = []
+    for b, (sample, (sample_taps, sample_hidden), generator) in enumerate(zip(samples, features, generators)):
+        n = sample.token_ids.shape[0]
+        token_ids[b, :n], loss_mask[b, :n] = sample.token_ids, sample.loss_mask
+        taps[b, :n], hidden[b, :n] = sample_taps, sample_hidden
+        anchors.append(sample_anchors(sample.loss_mask, num_anchors, generator))
+    anchor_pos = torch.stack([pos for pos, _ in anchors])
+    block_valid = torch.stack([valid for _, valid in anchors])
+    labels, eval_mask, next_ids, target_index = block_targets(token_ids, loss_mask, anchor_pos, block_valid,
+                                                              block_size)
+    rows = target_index.flatten(1)[..., None].expand(-1, -1, hidden.shape[-1])
+    target_hidden = hidden.gather(1, rows).view(*target_index.shape, hidden.shape[-1])
+    return BlockBatch(token_ids.gather(1, anchor_pos), anchor_pos, block_valid, taps, labels, next_ids,
+                      position_weights(eval_mask, decay), target_hidden)
+
+
+@dataclass
+class Chains:
+    """What the eagle3 objective trains on in one sequence: ``token_ids, loss_mask [S]``, ``taps [S, taps·H_t]``,
+    ``hidden [S, H_t]`` (the target's final hidden states) and chain ``anchors [N]``."""
+
+    token_ids: torch.Tensor
+    loss_mask: torch.Tensor
+    taps: torch.Tensor
+    hidden: torch.Tensor
+    anchors: torch.Tensor
+
+
+class TrainingLoss(torch.nn.Module):
+    """A drafter and its training objective as one module: what a step calls once, and what DDP or FSDP2 wraps.
+
+    Every drafter weight the loss reads (its LM head, the Markov head's ``W2``) is read inside
+    :meth:`forward`, where FSDP2 has gathered the parameters. ``target_lm_head [V_draft, H_t]`` is a plain
+    tensor, not a parameter: frozen, replicated and never sharded.
+    """
+
+    def __init__(self, drafter: DSparkDrafter, target_lm_head: torch.Tensor, config: TrainConfig,
+                 low_precision: bool):
+        super().__init__()
+        self.drafter = drafter
+        self.target_lm_head = target_lm_head
+        self.config = config
+        self.low_precision = low_precision
+
+    def _autocast(self):
+        return torch.autocast(self.target_lm_head.device.type, dtype=torch.bfloat16, enabled=self.low_precision)
+
+    def forward(self, batch: BlockBatch | list[Chains], normalizer: torch.Tensor, *, predictions: bool = False):
+        """The loss of a whole step's blocks (or, for eagle3, chains) over the global ``normalizer``.
+
+        Returns a :class:`dspark.loss.LossOutput`, with ``(output, greedy ids [B, N, γ])`` when ``predictions``;
+        for eagle3, one :class:`dspark.eagle3.TTTOutput` per sequence.
+        """
+        if self.config.objective == "eagle3":
+            return [self._chains_loss(chains, normalizer, metrics=predictions) for chains in batch]
+        with self._autocast():
+            hidden, features, conf = self.drafter.training_outputs(
+                batch.anchor_ids, batch.anchor_pos, batch.taps, batch.next_ids, batch.block_valid,
+                dropout=self.config.dropout)
+        d = hidden.shape[-1]
+        w2 = self.drafter.markov_head.markov_w2.weight if features is not None else None
+        # Cast once per step, not per product: a trainable head still gets its gradient through this one cast.
+        lm_head, target_hidden = self.drafter.lm_head.weight, batch.target_hidden
+        if self.low_precision:  # the loss runs its vocabulary products on bf16 operands, the rest in fp32
+            lm_head, hidden, target_hidden = lm_head.bfloat16(), hidden.bfloat16(), target_hidden.bfloat16()
+            if features is not None:
+                features, w2 = features.bfloat16(), w2.bfloat16()
+        out = dspark_loss(
+            hidden.reshape(-1, d), lm_head, target_hidden.reshape(-1, d),
+            self.target_lm_head, batch.labels.reshape(-1), batch.weights.reshape(-1),
+            markov_emb=None if features is None else features.reshape(-1, features.shape[-1]), markov_w2=w2,
+            confidence_logits=None if conf is None or self.config.objective == "dflash" else conf.reshape(-1),
+            normalizer=normalizer, chunk_rows=self.config.loss_chunk_rows, backend=self.config.loss_backend,
+            **self.config.loss_weights())
+        if not predictions:
+            return out
+        with torch.no_grad():
+            logits = self.drafter.lm_head(hidden.to(self.drafter.lm_head.weight.dtype))
+            if features is not None:
+                logits = logits + features.to(logits.dtype) @ self.drafter.markov_head.markov_w2.weight.T
+        return out, logits.argmax(-1)
+
+    def _chains_loss(self, chains: Chains, normalizer: torch.Tensor, metrics: bool):
+        with torch.no_grad():
+            target_probs = torch.softmax(vocab_product(chains.hidden.to(self.target_lm_head.dtype),
+                                                       self.target_lm_head), -1)
+        with self._autocast():
+            return self.drafter.ttt_loss(chains.token_ids, chains.taps, target_probs, chains.loss_mask,
+                                         chains.anchors, normalizer, metrics=metrics)
 
 
 @dataclass
@@ -446,6 +566,9 @@ class Trainer:
     """Trains ``drafter`` on ``train`` samples; ``target_lm_head [V, H]`` gives the target's distributions.
 
     Runs where the drafter's parameters are: features are read on the CPU and each step's blocks moved over.
+    A step is one forward, one loss and one backward over all of this rank's sequences (:class:`TrainingLoss`),
+    so the work a step issues does not grow with ``sequences_per_step``. Under ``torch.distributed`` the
+    module is wrapped by ``DistributedDataParallel`` or FSDP2 (``config.parallel``), which reduce the gradients.
     """
 
     drafter: DSparkDrafter
@@ -458,16 +581,14 @@ class Trainer:
     history: list[dict] = field(default_factory=list)
     answer_tokens_seen: int = 0
     elapsed: float = 0.0
+    loss_class: type[TrainingLoss] = TrainingLoss
 
     def __post_init__(self):
         if self.config.objective == "dspark" and not self.drafter.config.enable_confidence_head:
             raise ValueError("the dspark objective trains a confidence head: enable it, or use objective='dflash'")
         if (self.config.objective == "eagle3") != (getattr(self.drafter, "architecture", "dspark") == "eagle3"):
             raise ValueError("objective 'eagle3' trains an Eagle3Drafter, and an Eagle3Drafter only that objective")
-        params = [p for p in self.drafter.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=self.config.lr, weight_decay=self.config.weight_decay,
-                                           betas=(0.9, 0.95))
-        self.target_lm_head = self.target_lm_head.detach()
+        target_lm_head = self.target_lm_head.detach()
         self.label_index = None
         if self.drafter.reduced_vocab:
             # With a reduced draft vocabulary the target's distribution is taken over the draft vocabulary
@@ -476,26 +597,29 @@ class Trainer:
             from dspark.vocab import target_to_draft
 
             mapping = self.drafter.draft_to_target
-            self.target_lm_head = self.target_lm_head[mapping.to(self.target_lm_head.device)]
+            target_lm_head = target_lm_head[mapping.to(target_lm_head.device)]
             # On the CPU: blocks are cut where the features are read, and moved to the device whole.
             self.label_index = target_to_draft(mapping.cpu(), self.drafter.config.vocab_size)
         self.device = next(self.drafter.parameters()).device
-        self.target_lm_head = self.target_lm_head.to(self.device)
         precision = self.config.precision
         self.low_precision = precision == "bf16" or (precision == "auto" and self.device.type == "cuda")
-        if self.low_precision:
-            self.target_lm_head = self.target_lm_head.to(torch.bfloat16)
-
-    # -- distributed helpers
-    @staticmethod
-    def _world() -> tuple[int, int]:
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            return torch.distributed.get_rank(), torch.distributed.get_world_size()
-        return 0, 1
+        target_lm_head = target_lm_head.to(self.device, torch.bfloat16 if self.low_precision else None)
+        self.target_lm_head = target_lm_head
+        self.answer_tokens = [int(s.loss_mask.sum()) for s in self.train]
+        self.parallel = resolve_parallel(self.config.parallel, self.config.sequences_per_step)
+        self.module = wrap_for_data_parallel(self.loss_class(self.drafter, target_lm_head, self.config,
+                                                             self.low_precision), self.parallel, self.device)
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=self.config.lr, weight_decay=self.config.weight_decay,
+                                           betas=(0.9, 0.95))
 
     def _all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
-        if self._world()[1] > 1:
-            torch.distributed.all_reduce(tensor)
+        """Sum a step's bookkeeping (loss denominator, reported loss parts) over ranks; gradients are the engine's."""
+        if world_size() > 1:
+            on_device = torch.distributed.get_backend() == "nccl"
+            reduced = tensor.to(self.device) if on_device else tensor
+            torch.distributed.all_reduce(reduced)
+            tensor = reduced.cpu()
         return tensor
 
     @staticmethod
@@ -503,55 +627,23 @@ class Trainer:
         """What a sample's features are stored under: its key, or its place in the list for unkeyed samples."""
         return index if sample.key is None else sample.key
 
-    def _blocks(self, step: int, index: int, sample: Sample) -> BlockBatch:
-        taps, hidden = self.source.features(self._feature_key(index, sample), sample)
-        blocks = prepare_blocks(sample, taps, hidden, self.drafter.config.block_size, self.config.num_anchors,
-                                self.config.decay, self._generator(step, index))
+    def _blocks(self, step: int, items: list[tuple[int, Sample]]) -> BlockBatch:
+        """The blocks of ``items`` (pairs of index and sample), on the CPU."""
+        features = [self.source.features(self._feature_key(index, sample), sample) for index, sample in items]
+        blocks = prepare_blocks([sample for _, sample in items], features, self.drafter.config.block_size,
+                                self.config.num_anchors, self.config.decay,
+                                [self._generator(step, index) for index, _ in items])
         if self.label_index is not None:
-            draft_labels = self.label_index.to(blocks.labels.device)[blocks.labels]
+            draft_labels = self.label_index[blocks.labels]
             blocks.weights = blocks.weights * (draft_labels >= 0)
             blocks.labels = draft_labels.clamp(min=0)
-        return blocks.to(self.device)
+        return blocks
 
-    def _autocast(self):
-        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.low_precision)
-
-    def _loss_head(self) -> torch.Tensor:
-        """The drafter's LM head as the loss takes it: in bf16 when low precision."""
-        weight = self.drafter.lm_head.weight
-        return weight.bfloat16() if self.low_precision else weight
-
-    def _loss(self, blocks: BlockBatch, normalizer: torch.Tensor, lm_head: torch.Tensor | None = None):
-        with self._autocast():
-            hidden, features, conf = self.drafter.training_outputs(
-                blocks.anchor_ids[None], blocks.anchor_pos[None], blocks.taps[None], blocks.next_ids[None],
-                blocks.block_valid[None], dropout=self.config.dropout)
-        d = hidden.shape[-1]
-        w2 = self.drafter.markov_head.markov_w2.weight if features is not None else None
-        lm_head, target_hidden = self._loss_head() if lm_head is None else lm_head, blocks.target_hidden
-        if self.low_precision:  # the loss runs its vocabulary products on bf16 operands, the rest in fp32
-            hidden, target_hidden = hidden.bfloat16(), target_hidden.bfloat16()
-            if features is not None:
-                features, w2 = features.bfloat16(), w2.bfloat16()
-        return dspark_loss(
-            hidden.reshape(-1, d), lm_head, target_hidden.reshape(-1, d),
-            self.target_lm_head, blocks.labels.reshape(-1), blocks.weights.reshape(-1),
-            markov_emb=None if features is None else features.reshape(-1, features.shape[-1]), markov_w2=w2,
-            confidence_logits=None if conf is None or self.config.objective == "dflash" else conf.reshape(-1),
-            normalizer=normalizer, chunk_rows=self.config.loss_chunk_rows, backend=self.config.loss_backend,
-            **self.config.loss_weights())
-
-    def _ttt(self, step: int, index: int, sample: Sample, normalizer: torch.Tensor | float, metrics: bool = False):
-        """The eagle3 loss of one sequence, its chains anchored where a DSpark step would put its blocks."""
-        anchors = self._chain_anchors(step, index, sample)
+    def _chains(self, step: int, index: int, sample: Sample) -> Chains:
+        """eagle3's chains in one sequence, anchored where a DSpark step would put its blocks."""
         taps, hidden = self.source.features(self._feature_key(index, sample), sample)
-        taps, hidden = taps.to(self.device), hidden.to(self.device)
-        with torch.no_grad():
-            target_probs = torch.softmax(vocab_product(hidden.to(self.target_lm_head.dtype), self.target_lm_head), -1)
-        with self._autocast():
-            return self.drafter.ttt_loss(sample.token_ids.to(self.device), taps, target_probs,
-                                         sample.loss_mask.to(self.device), anchors.to(self.device), normalizer,
-                                         metrics=metrics)
+        anchors = self._chain_anchors(step, index, sample)
+        return Chains(*(t.to(self.device) for t in (sample.token_ids, sample.loss_mask, taps, hidden, anchors)))
 
     def _generator(self, step: int, index: int) -> torch.Generator:
         return torch.Generator().manual_seed((self.config.seed * 1_000_003 + (step + 1) * 65_537 + index) % 2**63)
@@ -566,7 +658,7 @@ class Trainer:
             return
         devices = [self.device.index or 0] if self.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
-            torch.manual_seed((self.config.seed * 1_000_003 + (step + 1) * 65_537 + 7_919 * self._world()[0])
+            torch.manual_seed((self.config.seed * 1_000_003 + (step + 1) * 65_537 + 7_919 * rank())
                               % 2**63)
             yield
 
@@ -576,54 +668,49 @@ class Trainer:
         return anchor_pos[valid & (anchor_pos >= 1)]
 
     def train_step(self) -> dict:
-        """One optimiser step over ``sequences_per_step`` sequences (this rank's share of them)."""
-        rank, world = self._world()
+        """One optimiser step over ``sequences_per_step`` sequences: this rank's share in one forward and backward."""
+        world = world_size()
         per = self.config.sequences_per_step
         step = self.config.step_offset + self.step  # the step in the drafter's whole training
         indices = [(step * per + i) % len(self.train) for i in range(per)]
-        mine = [(i, idx) for i, idx in enumerate(indices) if i % world == rank]
-        self.answer_tokens_seen += sum(int(self.train[idx].loss_mask.sum()) for idx in indices)
+        mine = [(idx, self.train[idx]) for idx in indices[rank()::world]]
+        self.answer_tokens_seen += sum(self.answer_tokens[idx] for idx in indices)
         prefetch = getattr(self.source, "prefetch", None)
         if prefetch is not None:
-            prefetch([(self._feature_key(idx, self.train[idx]), self.train[idx]) for _, idx in mine])
-        self.drafter.train()
-        self.optimizer.zero_grad(set_to_none=False)
-        totals = torch.zeros(3, dtype=torch.float64)
+            prefetch([(self._feature_key(idx, sample), sample) for idx, sample in mine])
+        self.module.train()
+        self.optimizer.zero_grad()
         if self.config.objective == "eagle3":
+            chains = [self._chains(step, idx, sample) for idx, sample in mine]
             # The normaliser counts chains (each supervises its first step), summed over ranks first.
-            counted = sum(len(self._chain_anchors(step, idx, self.train[idx])) for _, idx in mine)
-            normalizer = self._all_reduce(torch.tensor(float(counted), dtype=torch.float64))
-            for _, idx in mine:
-                out = self._ttt(step, idx, self.train[idx], normalizer)
-                out.loss.backward()
-                totals[0] += float(out.ce_sums[0]) / float(normalizer.clamp(min=1))
-        else:
-            blocks = [self._blocks(step, idx, self.train[idx]) for _, idx in mine]
-            normalizer = self._all_reduce(torch.tensor(float(sum(float(b.weights.sum()) for b in blocks)),
+            normalizer = self._all_reduce(torch.tensor(float(sum(c.anchors.numel() for c in chains)),
                                                        dtype=torch.float64))
-            head = self._loss_head()  # cast once per step: the cast saves nothing, so every backward can pass it
+            outs = self.module(chains, normalizer.to(self.device))
+            loss = sum(out.loss for out in outs)
+            first_step_ce = sum(out.ce_sums[0] for out in outs) / normalizer.clamp(min=1).to(self.device)
+            parts = torch.stack([first_step_ce.double(), *torch.zeros(2, dtype=torch.float64, device=self.device)])
+        else:
+            blocks = self._blocks(step, mine)
+            normalizer = self._all_reduce(blocks.weights.double().sum())
             with self._dropout_masks(step):
-                for b in blocks:
-                    out = self._loss(b, normalizer, head)
-                    out.loss.backward()
-                    totals += torch.tensor([float(out.ce), float(out.l1), float(out.bce)], dtype=torch.float64)
-        params = [p for p in self.drafter.parameters() if p.requires_grad]
-        for p in params:
-            if p.grad is None:  # a rank with no sequence this step still joins the reduction
-                p.grad = torch.zeros_like(p)
-            self._all_reduce(p.grad)
+                out = self.module(blocks.to(self.device), normalizer.to(self.device))
+            loss = out.loss
+            parts = torch.stack([out.ce, out.l1, out.bce]).double()
+        # The engines average gradients over ranks; each rank's loss is already its share of the global sum.
+        (loss * world).backward()
+        params = [p for p in self.module.parameters() if p.requires_grad]
         grad_norm = torch.nn.utils.clip_grad_norm_(params, self.config.clip_norm)
         for group in self.optimizer.param_groups:
             group["lr"] = self.config.lr * lr_factor(self.step, self.config)
         self.optimizer.step()
-        self._all_reduce(totals)
+        totals = self._all_reduce(parts.detach().cpu())  # the step's one read of device values
         self.step += 1
         ce, l1, bce = totals.tolist()
         w = self.config.loss_weights()
         # For eagle3, "ce" is the first unrolled step's soft cross-entropy (the one every chain starts with).
         return {"step": self.config.step_offset + self.step, "answer_tokens_seen": self.answer_tokens_seen,
                 "loss": w["ce_weight"] * ce + w["l1_weight"] * l1 + w["confidence_weight"] * bce,
-                "ce": ce, "l1": l1, "bce": bce, "grad_norm": float(grad_norm),
+                "ce": ce, "l1": l1, "bce": bce, "grad_norm": float(full_tensor(grad_norm)),
                 "lr": self.optimizer.param_groups[0]["lr"]}
 
     @torch.no_grad()
@@ -631,11 +718,12 @@ class Trainer:
         """Held-out loss parts, τ_prob = 1 + Σ_k Π_{i≤k} c*_i (method.md §8) and per-position greedy accuracy.
 
         For eagle3 the chains are anchored at every supervised position and c*_i is the unrolled step i's.
+        Every rank evaluates the same samples (FSDP2 needs every rank in every forward).
         """
         samples = self.held_out if samples is None else samples
         if not samples:
             return {}
-        self.drafter.eval()
+        self.module.eval()
         gamma = self.drafter.config.block_size
         totals = {"loss": torch.zeros(3, dtype=torch.float64), "tau": 0.0, "blocks": 0,
                   "correct": torch.zeros(gamma), "counted": torch.zeros(gamma)}
@@ -650,21 +738,22 @@ class Trainer:
                 "eval_accuracy": (totals["correct"] / totals["counted"].clamp(min=1)).tolist()}
 
     def _evaluate_blocks(self, j: int, sample: Sample, totals: dict) -> None:
-        b = self._blocks(-1, j, sample)  # step -1: a fixed set of held-out anchors
-        out = self._loss(b, b.weights.sum().double())
-        totals["loss"] += torch.tensor([float(out.ce), float(out.l1), float(out.bce)], dtype=torch.float64)
+        b = self._blocks(-1, [(j, sample)])  # step -1: a fixed set of held-out anchors
+        normalizer = b.weights.double().sum()
+        b = b.to(self.device)
+        out, greedy = self.module(b, normalizer.to(self.device), predictions=True)
+        totals["loss"] += torch.stack([out.ce, out.l1, out.bce]).double().cpu()
         mask = b.weights > 0
         accept = out.acceptance.reshape(mask.shape).float() * mask
         totals["tau"] += float((1 + accept.cumprod(-1).sum(-1))[b.block_valid].sum())
         totals["blocks"] += int(b.block_valid.sum())
-        logits, _ = self.drafter.training_logits(b.anchor_ids[None], b.anchor_pos[None], b.taps[None],
-                                                 b.next_ids[None], b.block_valid[None])
-        hits = (logits[0].argmax(-1) == b.labels) & mask
-        totals["correct"] += hits.float().sum(0).cpu()
-        totals["counted"] += mask.float().sum(0).cpu()
+        hits = (greedy == b.labels) & mask
+        totals["correct"] += hits.float().sum((0, 1)).cpu()
+        totals["counted"] += mask.float().sum((0, 1)).cpu()
 
     def _evaluate_chains(self, j: int, sample: Sample, totals: dict) -> None:
-        out = self._ttt(-1, j, sample, 1.0, metrics=True)  # step -1: a fixed set of held-out anchors
+        chains = self._chains(-1, j, sample)  # step -1: a fixed set of held-out anchors
+        out, = self.module([chains], torch.tensor(1.0, device=self.device), predictions=True)
         totals["loss"][0] += float(out.ce_sums[0]) / max(1, len(out.mask))
         totals["tau"] += float(out.tau_prob().sum())
         totals["blocks"] += len(out.mask)
@@ -672,10 +761,12 @@ class Trainer:
         totals["counted"] += out.mask.float().sum(0).cpu()
 
     def fit(self, *, output_dir: str | os.PathLike | None = None, progress: bool = True) -> list[dict]:
-        """Train to ``config.steps``, evaluating every ``eval_every`` steps and checkpointing if asked."""
-        rank, _ = self._world()
+        """Train to ``config.steps``, evaluating every ``eval_every`` steps and checkpointing if asked.
+
+        Under ``torch.distributed`` every rank calls it; rank 0 alone shows progress and writes checkpoints.
+        """
         bar = None
-        if progress and rank == 0:
+        if progress and rank() == 0:
             from tqdm.auto import tqdm
 
             bar = tqdm(total=self.config.steps, initial=self.step, desc="training", unit="step")
@@ -701,8 +792,7 @@ class Trainer:
                                  acc1=f"{evaluated['eval_accuracy'][0]:.2f}")
                 bar.set_postfix(**shown)
                 bar.update(1)
-            if output_dir and self.config.checkpoint_every and self.step % self.config.checkpoint_every == 0 \
-                    and rank == 0:
+            if output_dir and self.config.checkpoint_every and self.step % self.config.checkpoint_every == 0:
                 self.save(output_dir)
         if bar:
             bar.close()
@@ -710,52 +800,56 @@ class Trainer:
 
     # -- checkpoints (safetensors + JSON, no pickle)
     def save(self, directory: str | os.PathLike) -> Path:
-        """Drafter, optimiser state and step, written atomically; :meth:`resume` continues bit for bit."""
+        """Drafter, optimiser state and step, written atomically; :meth:`resume` continues bit for bit.
+
+        Under ``torch.distributed`` every rank calls it (FSDP2's shards are gathered into whole tensors
+        first) and rank 0 writes; the files are those of a single-process run.
+        """
         import safetensors.torch
 
-        names = {id(p): n for n, p in self.drafter.named_parameters()}
-        tensors, meta = {}, {"step": self.step, "config": asdict(self.config), "history": self.history,
-                             "answer_tokens_seen": self.answer_tokens_seen, "elapsed": self.elapsed, "groups": []}
-        for group in self.optimizer.param_groups:
-            meta["groups"].append({k: v for k, v in group.items() if k != "params"})
-            for p in group["params"]:
-                for key, value in self.optimizer.state.get(p, {}).items():
-                    tensors[f"{names[id(p)]}::{key}"] = value.detach().cpu().contiguous()
-        with atomic_directory(directory) as tmp:
-            write_drafter_files(self.drafter, tmp, metadata={"step": self.step, "objective": self.config.objective})
-            safetensors.torch.save_file(tensors, tmp / "optimizer.safetensors")
-            (tmp / "trainer_state.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        weights, optimizer_state = full_state(self.module, self.optimizer)
+        if rank() == 0:
+            tensors, meta = {}, {"step": self.step, "config": asdict(self.config), "history": self.history,
+                                 "answer_tokens_seen": self.answer_tokens_seen, "elapsed": self.elapsed,
+                                 "groups": [{k: v for k, v in group.items() if k != "params"}
+                                            for group in optimizer_state["param_groups"]]}
+            for name, state in optimizer_state["state"].items():
+                for key, value in state.items():
+                    tensors[f"{drafter_name(name)}::{key}"] = value.contiguous()
+            with atomic_directory(directory) as tmp:
+                write_drafter_files(self.drafter, tmp, metadata={"step": self.step, "objective": self.config.objective},
+                                    state={drafter_name(k): v for k, v in weights.items()})
+                safetensors.torch.save_file(tensors, tmp / "optimizer.safetensors")
+                (tmp / "trainer_state.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        barrier()
         return Path(directory)
 
     def resume(self, directory: str | os.PathLike, target=None) -> Trainer:
-        """Load what :meth:`save` wrote into this trainer (its drafter, optimiser and step).
+        """Load what :meth:`save` wrote into this trainer (its drafter, optimiser and step), on every rank.
 
         Raises ``ValueError`` when the checkpoint's run had other settings than this trainer's, apart from
         :data:`RESUME_FREE_SETTINGS`, which decide when work is done or how, not what the weights become.
+        Every rank reads ``directory``: on several nodes it must be on a file system they share.
         """
         import safetensors.torch
 
         directory = Path(directory)
-        loaded = load_drafter(directory, target, dtype=next(self.drafter.parameters()).dtype) if target else None
-        if loaded is None:
-            tensors = safetensors.torch.load_file(directory / "model.safetensors")
-            self.drafter.load_state_dict(tensors, strict=False)
-        else:
-            self.drafter.load_state_dict(loaded.state_dict())
         meta = json.loads((directory / "trainer_state.json").read_text(encoding="utf-8"))
         mine, saved = asdict(self.config), meta.get("config", {})
         differ = [f"{k}={saved.get(k)!r} there, {v!r} here" for k, v in mine.items()
-                  if k not in RESUME_FREE_SETTINGS and saved.get(k) != v]
+                  if k not in RESUME_FREE_SETTINGS and saved.get(k, TrainConfig.__dataclass_fields__[k].default) != v]
         if differ:
             raise ValueError(f"{directory} was written by a run with other settings ({'; '.join(differ)}); resuming "
                              f"it would mix two runs: remove it or train elsewhere")
-        state = safetensors.torch.load_file(directory / "optimizer.safetensors")
-        params = dict(self.drafter.named_parameters())
-        for group, saved in zip(self.optimizer.param_groups, meta["groups"]):
-            group.update(saved)
-        for key, value in state.items():
+        if target is not None:
+            weights = load_drafter(directory, target, dtype=next(self.drafter.parameters()).dtype).state_dict()
+        else:
+            weights = safetensors.torch.load_file(directory / "model.safetensors")
+        per_parameter: dict[str, dict[str, torch.Tensor]] = {}
+        for key, value in safetensors.torch.load_file(directory / "optimizer.safetensors").items():
             name, field_name = key.split("::")
-            self.optimizer.state[params[name]][field_name] = value
+            per_parameter.setdefault(name, {})[field_name] = value
+        load_full_state(self.module, self.optimizer, weights, per_parameter, meta["groups"])
         self.step = meta["step"]
         self.history = meta["history"]
         self.answer_tokens_seen = meta.get("answer_tokens_seen", 0)

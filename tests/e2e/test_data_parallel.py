@@ -1,0 +1,112 @@
+"""One batched step, and data parallelism on torch's engines (DDP and FSDP2 under torchrun, gloo on CPU)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import safetensors.torch
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from dspark.training import Sample
+from tests.e2e.training_helpers import tiny_trainer
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def ragged(trainer, lengths):
+    """The trainer's samples cut to ``lengths`` (so that a step pads its contexts), answers kept non-empty."""
+    trainer.train = [Sample(s.token_ids[:n], s.loss_mask[:n]) for s, n in zip(trainer.train, lengths)]
+    trainer.answer_tokens = [int(s.loss_mask.sum()) for s in trainer.train]
+    return trainer
+
+
+@pytest.mark.parametrize("objective", ["dspark", "dflash"])
+def test_one_batched_backward_equals_the_sum_of_per_sequence_backwards(objective):
+    """A step stacks ragged sequences into one padded batch: its gradient must be the per-sequence losses'
+    summed gradient (what steps computed before the batched step), so earlier runs stay comparable."""
+    trainer, _ = tiny_trainer(objective=objective, sequences_per_step=4, precision="fp32")
+    ragged(trainer, [32, 19, 27, 12])
+    items = [(i, trainer.train[i]) for i in range(4)]
+    blocks = [trainer._blocks(0, [item]) for item in items]
+    normalizer = sum(b.weights.double().sum() for b in blocks)
+    params = [p for p in trainer.drafter.parameters() if p.requires_grad]
+    for b in blocks:
+        trainer.module(b, normalizer).loss.backward()
+    per_sequence = [p.grad.clone() for p in params]
+    trainer.optimizer.zero_grad()
+    trainer.module(trainer._blocks(0, items), normalizer).loss.backward()
+    for (name, p), expected in zip([(n, p) for n, p in trainer.drafter.named_parameters() if p.requires_grad],
+                                   per_sequence):
+        # fp32, the same terms summed in another order (one GEMM over all rows instead of four): rounding only.
+        torch.testing.assert_close(p.grad, expected, rtol=1e-5, atol=1e-7, msg=name)
+
+
+class OpCounter(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+class Precomputed:
+    """A source's features computed once up front, as offline features are: the count is of the step alone."""
+
+    def __init__(self, source, samples):
+        self.rows = [source.features(i, s) for i, s in enumerate(samples)]
+
+    def features(self, index, sample):
+        return self.rows[index]
+
+
+def ops_per_step(sequences: int) -> int:
+    trainer, _ = tiny_trainer(steps=3, sequences_per_step=sequences)
+    trainer.train = trainer.train * 3  # enough sequences that a step never repeats one
+    trainer.answer_tokens = trainer.answer_tokens * 3
+    trainer.source = Precomputed(trainer.source, trainer.train)
+    trainer.train_step()  # the first step also allocates the optimiser state
+    with OpCounter() as counter:
+        trainer.train_step()
+    return counter.ops
+
+
+def test_a_steps_op_count_does_not_grow_with_its_sequences():
+    one, sixteen = ops_per_step(1), ops_per_step(16)
+    # Per sequence only its anchors are drawn and its rows copied into the batch (a few ops each).
+    assert sixteen <= 1.5 * one, (one, sixteen)
+
+
+def test_data_parallel_engines_need_a_process_group_and_a_known_name():
+    with pytest.raises(ValueError, match="torchrun"):
+        tiny_trainer(parallel="fsdp")
+    with pytest.raises(ValueError, match="parallel must be one of"):
+        tiny_trainer(parallel="zero3")
+
+
+@pytest.mark.parametrize("engine", ["ddp", "fsdp"])
+def test_torchrun_two_processes_train_as_one_and_resume_bit_for_bit(tmp_path, engine):
+    single, _ = tiny_trainer(steps=4)
+    single.fit(progress=False)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           str(ROOT / "tests" / "e2e" / "torchrun_training.py"), engine, str(tmp_path)],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "multiple of the world size" in (tmp_path / "uneven_batch_error.txt").read_text(encoding="utf-8")
+    straight = safetensors.torch.load_file(tmp_path / "straight" / "model.safetensors")
+    resumed = safetensors.torch.load_file(tmp_path / "resumed" / "model.safetensors")
+    expected = single.drafter.state_dict()
+    assert straight.keys() and set(straight) <= set(expected)
+    for name, value in straight.items():
+        # Each rank sums its half of the rows and the engine averages: fp32 rounding only.
+        torch.testing.assert_close(value, expected[name], rtol=1e-5, atol=1e-6, msg=name)
+        assert torch.equal(resumed[name], value), name
+    moments = safetensors.torch.load_file(tmp_path / "straight" / "optimizer.safetensors")
+    resumed_moments = safetensors.torch.load_file(tmp_path / "resumed" / "optimizer.safetensors")
+    assert moments.keys() == resumed_moments.keys() and any(k.endswith("::exp_avg") for k in moments)
+    assert all(torch.equal(moments[k], resumed_moments[k]) for k in moments)
