@@ -1,19 +1,18 @@
 """Where the benchmarks find the drafters that the committed recipe trains for the default target.
 
-A drafter that ``python -m dspark train --config benchmarks/recipes/smollm2_drafter.json [--objective ...]``
+A drafter that ``python -m dspark train --config benchmarks/recipes/smollm2_drafter.json [--arm ...]``
 wrote to the dspark cache wins; otherwise the committed one is used: the DSpark drafter ships inside the
 package, the baselines under ``benchmarks/drafters/``, so the comparisons can be re-run on a fresh checkout
 without retraining.
 
-The arms: ``dspark`` (the recipe, then a third and a fourth pass over its data, a fifth and sixth in one
-schedule, four more in another, four and a half more in another, 8,000 steps more with standard-library
-code prompts added, 6,000 more with word problems added too, 6,000 more on the whole code and word-problem
-pools, 4,000 more with a second series of word problems added, 4,000 more with a third, and 4,000 more with a
-second series of code prompts: ``smollm2_drafter_pass3.json`` to ``smollm2_drafter_pass13.json``),
-``dflash`` and ``eagle3`` (its ``--objective`` baselines; DFlash continued for a third and a fourth pass), and
-``dspark-ce``, the DSpark drafter trained on cross-entropy alone (``--ce-weight 1 --l1-weight 0``, continued by
-``smollm2_drafter_ce_pass3.json`` and ``smollm2_drafter_ce_pass4.json``): the DSpark architecture with DFlash's
-loss, which separates what the Markov head adds from what the L1 term adds. Each continued arm's earlier drafters
+The arms: ``dspark`` (the recipe's twelve phases: two passes over its data, a third and a fourth, a fifth and
+sixth in one schedule, four more in another, four and a half more in another, 8,000 steps more with
+standard-library code prompts added, 6,000 more with word problems added too, 6,000 more on the whole code and
+word-problem pools, 4,000 more with a second series of word problems added, 4,000 more with a third, and 4,000
+more with a second series of code prompts), ``dflash`` and ``eagle3`` (its ``--arm`` baselines; DFlash for the
+first three phases, EAGLE-3 for 2,000 steps), and ``dspark-ce``, the DSpark drafter trained on cross-entropy
+alone (``--arm dspark-ce``: ``ce_weight`` 1, ``l1_weight`` 0, the first three phases): the DSpark architecture
+with DFlash's loss, which separates what the Markov head adds from what the L1 term adds. Each continued arm's earlier drafters
 are committed as ``<name>-steps<N>``: :func:`equal_budget_drafters` finds the DSpark one at DFlash's steps, so the
 two can still be compared at equal training budget.
 """

@@ -38,32 +38,13 @@ def example() -> None:
         print(f"  survival a_k       {[round(float(a), 3) for a in out.survival[r]]}")
 
 
-def _train_settings(args) -> dict:
-    """train_default_drafter's keyword arguments: defaults, then the config file, then the flags."""
-    import inspect
-    import json
-
-    from dspark.training import POOL_NAMES, train_default_drafter
-
-    allowed = set(inspect.signature(train_default_drafter).parameters) - {"output_dir", "work_dir", "progress"}
-    settings = {"objective": "dspark"}
-    if args.config:
-        with open(args.config, encoding="utf-8") as f:
-            loaded = json.load(f)
-        unknown = set(loaded) - allowed
-        if unknown:
-            raise SystemExit(f"{args.config}: unknown settings {sorted(unknown)}; allowed: {sorted(allowed)}")
-        # Paths are relative to the config file.
-        for key in ("answers", *(f"{pool}_answers" for pool in POOL_NAMES), "continue_from"):
-            if loaded.get(key) is not None:
-                loaded[key] = str(Path(args.config).resolve().parent / loaded[key])
-        settings.update(loaded)
+def _train_flags(args) -> dict:
+    """The settings the ``train`` flags given set (they override the config file's, in every phase)."""
     flags = {"objective": args.objective, "steps": args.steps, "num_prompts": args.prompts,
              "num_draft_layers": args.layers, "block_size": args.block_size, "precision": args.precision,
              "ce_weight": args.ce_weight, "l1_weight": args.l1_weight, "continue_from": args.continue_from,
              "features": args.features}
-    settings.update({k: v for k, v in flags.items() if v is not None})
-    return settings
+    return {k: v for k, v in flags.items() if v is not None}
 
 
 # dspark.training.POOL_NAMES but "sampled", spelled out so that parsing arguments does not import torch.
@@ -84,8 +65,12 @@ def main(argv: list[str] | None = None) -> int:
                            "than fp32, with invariant attention so outputs match exactly)")
     train = sub.add_parser("train", help="train a drafter for the default target on the CPU (cached data)")
     train.add_argument("--config", default=None,
-                       help="a JSON file of train_default_drafter's arguments (objective, steps, num_prompts, "
-                            "num_draft_layers, block_size, markov_rank, num_anchors, ...); flags given override it")
+                       help="a recipe: a JSON file of the settings its phases share (objective, num_draft_layers, "
+                            "block_size, markov_rank, num_anchors, ...), its prompt pools and its phases (see "
+                            "dspark.recipe); every phase runs in turn, finished ones skipped. Flags given override "
+                            "its settings in every phase")
+    train.add_argument("--arm", default=None,
+                       help="one of the recipe's arms (e.g. dflash): its first phases, with the arm's settings")
     train.add_argument("--objective", choices=["dspark", "dflash", "eagle3"], default=None, help="default dspark")
     train.add_argument("--layers", type=int, default=None, help="draft layers (default 2; eagle3: 1)")
     train.add_argument("--block-size", type=int, default=None, help="γ, the block (or chain) length (default 7)")
@@ -160,14 +145,25 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "train":
         from dspark.checkpoint import default_drafter_dir
+        from dspark.recipe import load_recipe, run_recipe
         from dspark.training import loss_weights_suffix, train_default_drafter, tune_cpu_allocator
 
-        tune_cpu_allocator()
-        settings = _train_settings(args)
+        flags = _train_flags(args)
+        if args.arm and not args.config:
+            raise SystemExit("--arm names an arm of a recipe: give the recipe with --config")
+        try:
+            phases = load_recipe(args.config, args.arm) if args.config else [{}]
+        except ValueError as error:
+            raise SystemExit(str(error)) from error
+        settings = {"objective": "dspark"} | phases[-1] | flags
         name = f"smollm2-135m-instruct-{settings['objective']}" + \
             loss_weights_suffix(settings.get("ce_weight"), settings.get("l1_weight"))
         output = args.output or default_drafter_dir().with_name(name)
-        path = train_default_drafter(output, **settings)
+        tune_cpu_allocator()
+        if args.config:
+            path = run_recipe(args.config, output, arm=args.arm, overrides=flags)
+        else:
+            path = train_default_drafter(output, **settings)
         print(f"wrote {path}")
         return 0
     if args.command == "example":

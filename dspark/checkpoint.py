@@ -112,8 +112,8 @@ def default_drafter_dir() -> Path:
 
 
 def shipped_drafter_dir() -> Path:
-    """The DSpark drafter for the default target that the package ships (trained by the committed recipe, then
-    continued by ``benchmarks/recipes/smollm2_drafter_pass3.json`` to ``…_pass13.json``)."""
+    """The DSpark drafter for the default target that the package ships (the twelve phases of the committed
+    recipe, ``benchmarks/recipes/smollm2_drafter.json``)."""
     return Path(__file__).resolve().parent / "assets" / "smollm2-135m-instruct-dspark"
 
 

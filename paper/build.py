@@ -24,8 +24,8 @@ RESULTS = ROOT / "benchmarks" / "results"
 PAPER = Path(__file__).resolve().parent
 DOMAINS = ("math", "code", "chat")
 LABELS = {"dspark": "DSpark", "dflash": "DFlash", "eagle3": "EAGLE-3-style", "dspark-ce": "DSpark, CE only"}
-# The file name each arm's continuation configs start with, in benchmarks/recipes/.
-RECIPE_PREFIXES = {"dspark": "smollm2_drafter", "dflash": "smollm2_dflash", "dspark-ce": "smollm2_drafter_ce"}
+# The recipe every arm's drafter was trained by (its arms name the baselines).
+RECIPE = ROOT / "benchmarks" / "recipes" / "smollm2_drafter.json"
 COLORS = {"dspark": "tab:red", "dflash": "tab:blue", "eagle3": "tab:green", "dspark-ce": "tab:purple"}
 # An earlier checkpoint of an arm, kept to compare arms at equal training budget: ``dspark-steps8000``.
 EARLIER = re.compile(r"(.+)-steps(\d+)")
@@ -272,20 +272,20 @@ def shipped_pools_clause(meta: dict) -> str:
         if pools else ""
 
 
-def continuation_configs(arms: dict) -> str:
-    """The clause naming the configs that continued the arms. Each arm's first config ran its first two
-    passes over the data, so its k-th continuation is ``*_pass<k + 2>.json``; the arms that ran more
-    continuations than the others have their last config named (DSpark's is ``smollm2_drafter_pass<N>.json``)."""
+def recipe_command() -> str:
+    """The command that trains an arm: the recipe, with one of its arms named for a baseline."""
+    arms = json.loads(RECIPE.read_text(encoding="utf-8")).get("arms", {})
+    return (f"`python -m dspark train --config {RECIPE.relative_to(ROOT)}"
+            + (f" [--arm {' | '.join(arms)}]`" if arms else "`"))
+
+
+def phases_clause(arms: dict) -> str:
+    """How many of the recipe's phases each arm ran, as a clause, or "" when none ran more than one."""
     runs = {name: len(training_runs(arm.get("run"))) for name, arm in arms.items()}
-    last = {name: n + 1 for name, n in runs.items() if n > 1}
-    if not last:
+    if max(runs.values(), default=1) <= 1:
         return ""
-    shared = min(last.values())
-    configs = "*_pass3.json`" if shared == 3 else f"*_pass3.json` to `*_pass{shared}.json`"
-    longer = [f"{label(name)}'s up to `{RECIPE_PREFIXES.get(name, name)}_pass{n}.json`"
-              for name, n in last.items() if n > shared]
-    return (", then, for the arms continued past it, their continuation configs (`--config benchmarks/recipes/"
-            + configs + (", and " + ", ".join(longer) if longer else "") + ", each naming the drafter it continues)")
+    return (", each phase continuing the drafter the phase before it wrote ("
+            + ", ".join(f"{label(name)} {n} phase{'s' if n > 1 else ''}" for name, n in runs.items()) + ")")
 
 
 def train_seconds(run: dict | None) -> float | None:
@@ -791,9 +791,8 @@ def section_training(out: list[str], figures: Path) -> None:
     if result is None:
         return
     regen, arms, recipe = result["regeneration"], result["arms"], result["recipe"]
-    out.append("**How it was measured.** One command per arm, `python -m dspark train --config "
-               "benchmarks/recipes/smollm2_drafter.json [--objective dflash|eagle3 | --ce-weight 1 --l1-weight 0]`"
-               + continuation_configs(arms)
+    out.append("**How it was measured.** One command per arm, " + recipe_command()
+               + phases_clause(arms)
                + ", on this CPU; "
                "`benchmarks/bench_recipe.py` collects what the runs recorded. "
                f"Measured on {machine(result)}.\n")

@@ -1,81 +1,129 @@
-"""`python -m dspark train` settings: defaults, then a JSON config file, then flags; unknown keys refused."""
+"""Recipes (`python -m dspark train --config`): phases expanded from one JSON file, flags over every phase,
+finished phases skipped, and the committed recipe equal to the runs that made the committed drafters."""
 
-import argparse
+import functools
 import json
 from pathlib import Path
 
 import pytest
 
-from dspark.__main__ import _train_settings
+import dspark.training
+from dspark.recipe import load_recipe, phase_directories, run_recipe
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPE = ROOT / "benchmarks" / "recipes" / "smollm2_drafter.json"
 
 
-def _args(**flags):
-    base = dict(config=None, objective=None, steps=None, prompts=None, layers=None, block_size=None, precision=None,
-                ce_weight=None, l1_weight=None, continue_from=None, features=None)
-    return argparse.Namespace(**{**base, **flags})
+def write_recipe(directory: Path, **recipe) -> Path:
+    path = directory / "recipes" / "run.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(recipe), encoding="utf-8")
+    return path
 
 
-def test_config_file_then_flags(tmp_path):
-    config = tmp_path / "run.json"
-    config.write_text(json.dumps({"objective": "eagle3", "steps": 50, "markov_rank": 8, "precision": "auto"}),
-                      encoding="utf-8")
-    assert _train_settings(_args()) == {"objective": "dspark"}
-    assert _train_settings(_args(config=str(config), steps=10, block_size=15, precision="fp32")) == {
-        "objective": "eagle3", "steps": 10, "markov_rank": 8, "block_size": 15, "precision": "fp32"}
-    assert _train_settings(_args(config=str(config), objective="dspark", ce_weight=1.0, l1_weight=0.0)) == {
-        "objective": "dspark", "steps": 50, "markov_rank": 8, "precision": "auto", "ce_weight": 1.0, "l1_weight": 0.0}
-    assert _train_settings(_args(config=str(config), features="lazy"))["features"] == "lazy"
+def test_a_recipe_expands_into_phases_that_share_its_settings_and_name_archives_relative_to_it(tmp_path):
+    path = write_recipe(tmp_path, objective="dspark", markov_rank=8, answers="run.answers.npz",
+                        pools={"code": "code.answers.npz", "math": None},
+                        phases=[{"steps": 10, "lr": 1e-3}, {"steps": 5, "pools": {"code": 7, "math": 3}}],
+                        arms={"dflash": {"objective": "dflash", "phases": 1}})
+    first, second = load_recipe(path)
+    here = tmp_path / "recipes"
+    assert first == {"objective": "dspark", "markov_rank": 8, "answers": str(here / "run.answers.npz"),
+                     "steps": 10, "lr": 1e-3}
+    assert second == {"objective": "dspark", "markov_rank": 8, "answers": str(here / "run.answers.npz"), "steps": 5,
+                      "code_prompts": 7, "code_answers": str(here / "code.answers.npz"), "math_prompts": 3}
+    (arm,) = load_recipe(path, "dflash")
+    assert arm == first | {"objective": "dflash"}
+    assert load_recipe(write_recipe(tmp_path, steps=50)) == [{"steps": 50}]  # a recipe without phases is one
 
 
-def test_unknown_config_keys_are_refused(tmp_path):
-    config = tmp_path / "run.json"
-    config.write_text(json.dumps({"stepz": 50}), encoding="utf-8")
-    with pytest.raises(SystemExit, match="unknown settings"):
-        _train_settings(_args(config=str(config)))
+@pytest.mark.parametrize(("recipe", "arm", "message"), [
+    ({"stepz": 50}, None, "unknown settings"),
+    ({"code_prompts": 5}, None, "unknown settings"),  # pools are named by "pools" and "phases"
+    ({"pools": {"poems": None}}, None, "unknown pools"),
+    ({"phases": [{"steps": 5, "pools": {"code": 5}}]}, None, "pools do not list"),
+    ({"phases": [{"steps": 5, "markov_rank": 4}]}, None, "a phase sets only"),
+    ({"phases": [{"steps": 5}]}, "dflash", "no arm"),
+    ({"phases": [{"steps": 5}], "arms": {"dflash": {"phases": 2}}}, "dflash", "runs 2 phases"),
+])
+def test_recipes_that_cannot_run_are_refused(tmp_path, recipe, arm, message):
+    with pytest.raises(ValueError, match=message):
+        load_recipe(write_recipe(tmp_path, **recipe), arm)
 
 
-def test_a_config_names_its_answers_archives_relative_to_itself(tmp_path, monkeypatch):
-    (tmp_path / "recipes").mkdir()
-    config = tmp_path / "recipes" / "run.json"
-    archives = {"answers": "run.answers.npz", "code_answers": "code.answers.npz", "math_answers": "math.answers.npz",
-                "math2_answers": "math2.answers.npz", "math3_answers": "math3.answers.npz",
-                "code2_answers": "code2.answers.npz", "sampled_answers": "sampled.answers.npz",
-                "followup_answers": "followup.answers.npz"}
-    config.write_text(json.dumps(archives), encoding="utf-8")
-    monkeypatch.chdir(tmp_path)
-    settings = _train_settings(_args(config="recipes/run.json"))
-    assert {key: settings[key] for key in archives} == {key: str(tmp_path / "recipes" / name)
-                                                         for key, name in archives.items()}
+def fake_training(calls: list):
+    """Stands in for train_default_drafter: records its call and writes what a real run records of it."""
+
+    @functools.wraps(dspark.training.train_default_drafter)  # its signature is what recipes are checked against
+    def train(output_dir, *, continue_from=None, work_dir=None, progress=True, **settings):
+        calls.append((Path(output_dir), continue_from, settings))
+        arguments = {k: Path(v).name if k.endswith("answers") and v is not None else v for k, v in settings.items()}
+        arguments["continue_from"] = None if continue_from is None else Path(continue_from).name
+        Path(output_dir).mkdir(parents=True, exist_ok=True)
+        (Path(output_dir) / "config.json").write_text(json.dumps(
+            {"format": "dspark-drafter", "metadata": {"run": {"arguments": arguments}}}), encoding="utf-8")
+        return Path(output_dir)
+
+    return train
 
 
-def test_a_config_names_the_drafter_it_continues_relative_to_itself(tmp_path, monkeypatch):
-    (tmp_path / "recipes").mkdir()
-    config = tmp_path / "recipes" / "more.json"
-    config.write_text(json.dumps({"continue_from": "../drafters/first"}), encoding="utf-8")
-    monkeypatch.chdir(tmp_path)
-    settings = _train_settings(_args(config="recipes/more.json"))
-    assert Path(settings["continue_from"]).resolve() == tmp_path / "drafters" / "first"
-    assert _train_settings(_args(config="recipes/more.json", continue_from="elsewhere"))["continue_from"] == "elsewhere"
+def test_run_recipe_continues_each_phase_from_the_last_and_skips_finished_phases(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(dspark.checkpoint, "FORMAT", "dspark-drafter")
+    calls = []
+    monkeypatch.setattr(dspark.training, "train_default_drafter", fake_training(calls))
+    path = write_recipe(tmp_path, objective="dspark", phases=[{"steps": 10}, {"steps": 5}, {"steps": 5}])
+    out = tmp_path / "drafter"
+    run_recipe(path, out, overrides={"precision": "fp32"})
+    first, second = phase_directories(out, load_recipe(path))[:2]
+    assert (first.name, second.name) == ("phase01-steps10", "phase02-steps15")
+    assert [(o, c) for o, c, _ in calls] == [(first, None), (second, first), (out, second)]
+    assert [s["precision"] for _, _, s in calls] == ["fp32"] * 3
+    assert [s.get("calibrate") for _, _, s in calls] == [False, False, None]  # only the last drafter decodes
+
+    calls.clear()  # stopped after phase 2 and started again: phase 3 alone runs
+    (out / "config.json").unlink()
+    run_recipe(path, out, overrides={"precision": "fp32"})
+    assert [(o, c) for o, c, _ in calls] == [(out, second)]
+    assert "phase 1/3 (10 steps): already trained" in capsys.readouterr().out
+    calls.clear()  # other settings are another run: nothing is skipped
+    run_recipe(path, tmp_path / "other", overrides={"precision": "bf16"})
+    assert len(calls) == 3
+    with pytest.raises(ValueError, match="each with its own steps"):
+        run_recipe(path, out, overrides={"steps": 3})
 
 
-@pytest.mark.parametrize("arm", ["drafter", "dflash", "drafter_ce"])
-@pytest.mark.parametrize("data_pass", [3, 4])
-def test_the_committed_continuations_name_committed_drafters_of_the_recipe(arm, data_pass):
-    recipes = Path(__file__).resolve().parents[1] / "benchmarks" / "recipes"
-    config = json.loads((recipes / f"smollm2_{arm}_pass{data_pass}.json").read_text(encoding="utf-8"))
-    parent = json.loads((recipes / config["continue_from"] / "config.json").read_text(encoding="utf-8"))["metadata"]
-    recipe = json.loads((recipes / "smollm2_drafter.json").read_text(encoding="utf-8"))
-    assert parent["objective"] == config["objective"]
-    runs = []  # the parent's training runs, last first
-    run = parent["run"]
+def recorded_runs(drafter: Path) -> list[dict]:
+    """The arguments of every run that trained the drafter at ``drafter``, first run first."""
+    run = json.loads((drafter / "config.json").read_text(encoding="utf-8"))["metadata"]["run"]
+    runs = []
     while run:
-        runs.append(run)
+        runs.append(run["arguments"])
         run = (run.get("parent") or {}).get("run")
-    # The recipe's steps are two passes over the data; each continuation before this one added a pass.
-    assert [r["arguments"]["steps"] for r in reversed(runs)] == [recipe["steps"]] + [config["steps"]] * (data_pass - 3)
-    assert parent["steps"] == recipe["steps"] + config["steps"] * (data_pass - 3)
-    for weight in ("ce_weight", "l1_weight"):  # a continuation keeps its parent's loss
-        assert all(r["arguments"].get(weight) == config.get(weight) for r in runs)
+    return runs[::-1]
+
+
+@pytest.mark.parametrize(("arm", "drafter"), [
+    (None, ROOT / "dspark" / "assets" / "smollm2-135m-instruct-dspark"),
+    ("dflash", ROOT / "benchmarks" / "drafters" / "smollm2-135m-instruct-dflash"),
+    ("dspark-ce", ROOT / "benchmarks" / "drafters" / "smollm2-135m-instruct-dspark-ce1-l1_0"),
+    ("eagle3", ROOT / "benchmarks" / "drafters" / "smollm2-135m-instruct-eagle3")])
+def test_the_recipe_is_the_schedule_that_trained_the_committed_drafters(arm, drafter):
+    """Every phase of the committed recipe (each arm) equals, setting for setting, the recorded run of the
+    committed drafter it rebuilds: the one command reproduces what the thirteen separate commands ran."""
+    phases, runs = load_recipe(RECIPE, arm), recorded_runs(drafter)
+    assert len(phases) == len(runs)
+    for index, (phase, run) in enumerate(zip(phases, runs), 1):
+        # "auto" precision is the machine's choice; the first runs were started with the bf16 it resolves to
+        # on the CPUs that trained them, which a fresh machine may not have.
+        phase.pop("precision")
+        expected = {k: Path(v).name if k.endswith("answers") and v is not None else v for k, v in phase.items()}
+        for key in [k for k in expected if k.endswith("_answers") and run.get(k) is None]:
+            # The first runs on a pool answered its prompts themselves; the archive was saved from their corpus
+            # afterwards, so a rerun rebuilds the same answers from it instead of answering again.
+            del expected[key]
+        assert {k: run.get(k) for k in expected} == expected, f"phase {index}"
+        assert {k: v for k, v in run.items() if k.endswith("_prompts") and v} == \
+            {k: v for k, v in phase.items() if k.endswith("_prompts")}, f"phase {index}"
 
 
 def test_answer_offers_every_pool_but_the_sampled_one():

@@ -292,24 +292,22 @@ def test_a_continuation_that_added_prompt_pools_says_so_and_from_which_step():
     assert builder.pool_counts({"code_sequences": 0}) == ""
 
 
-def test_continuation_configs_are_named_from_the_runs_each_arm_recorded():
+def test_the_phases_each_arm_ran_are_counted_from_the_runs_it_recorded():
     def arms(**runs):
         return {name: {"run": _continued([4000] + [2000] * (n - 1), [1e-3] + [5e-4] * (n - 1))}
                 for name, n in runs.items()}
 
-    assert builder.continuation_configs(arms(dspark=1, dflash=1)) == ""
-    assert "(`--config benchmarks/recipes/*_pass3.json`, each naming" in builder.continuation_configs(
-        arms(dspark=2, dflash=2, eagle3=1))
-    uneven = builder.continuation_configs(arms(dspark=5, dflash=3, eagle3=1))
-    assert "*_pass3.json` to `*_pass4.json`, and DSpark's up to `smollm2_drafter_pass6.json`, each" in uneven
+    assert builder.phases_clause(arms(dspark=1, dflash=1)) == ""
+    assert builder.phases_clause(arms(dspark=5, dflash=3, eagle3=1)) == \
+        ", each phase continuing the drafter the phase before it wrote (DSpark 5 phases, DFlash 3 phases, " \
+        "EAGLE-3-style 1 phase)"
 
 
-def test_the_continuation_configs_the_paper_names_are_committed():
-    arms = json.loads((ROOT / "benchmarks" / "results" / "training_recipe.json").read_text())["arms"]
-    named = re.findall(r"`([\w.]+_pass\d+\.json)`", builder.continuation_configs(arms))
-    assert named, "the recorded arms were continued, so their configs are named"
-    for name in named:
-        assert (ROOT / "benchmarks" / "recipes" / name).is_file(), f"the paper names {name}, which is not committed"
+def test_the_command_the_paper_gives_names_the_recipes_arms():
+    recipe = json.loads(builder.RECIPE.read_text(encoding="utf-8"))
+    command = builder.recipe_command()
+    assert command.startswith("`python -m dspark train --config benchmarks/recipes/smollm2_drafter.json [--arm ")
+    assert all(arm in command for arm in recipe["arms"])
 
 
 def test_dspark_trained_longer_is_also_read_at_dflash_steps():
