@@ -33,9 +33,24 @@ def check_tensor(
         raise ValueError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
     if integer and (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool):
         raise ValueError(f"{name} must be an integer tensor, got dtype {t.dtype}")
-    if finite and not all_finite(t):
+    if finite and values_checked() and not all_finite(t):
         raise ValueError(f"{name} contains NaN or Inf values")
     return t
+
+
+def values_checked() -> bool:
+    """Whether checks that read tensor values run: not while ``torch.compile`` traces, where reading a value
+    would split the graph at every check (shapes and dtypes are still checked, at trace time)."""
+    return not torch.compiler.is_compiling()
+
+
+def check_range(name: str, t: torch.Tensor, low: int, high: int, what: str = "") -> None:
+    """``t`` holds integers in ``[low, high]`` (inclusive); ``what`` says what the bounds are."""
+    if t.numel() == 0 or not values_checked():
+        return
+    smallest, largest = (int(v) for v in torch.aminmax(t))
+    if smallest < low or largest > high:
+        raise ValueError(f"{name} must lie in [{low}, {high}]{what}, got [{smallest}, {largest}]")
 
 
 def all_finite(t: torch.Tensor) -> bool:
@@ -53,7 +68,7 @@ def all_finite(t: torch.Tensor) -> bool:
 
 
 def check_token_range(name: str, tokens: torch.Tensor, vocab_size: int) -> None:
-    if tokens.numel() == 0:
+    if tokens.numel() == 0 or not values_checked():
         return
     low, high = (int(v) for v in torch.aminmax(tokens))
     if low < 0 or high >= vocab_size:
@@ -61,7 +76,7 @@ def check_token_range(name: str, tokens: torch.Tensor, vocab_size: int) -> None:
 
 
 def check_uniforms(name: str, u: torch.Tensor) -> None:
-    if u.numel() == 0:
+    if u.numel() == 0 or not values_checked():
         return
     low, high = torch.aminmax(u)
     # Comparisons with NaN are false, so a NaN draw fails the first condition.

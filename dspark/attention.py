@@ -15,7 +15,7 @@ import math
 import torch
 from einops import rearrange
 
-from dspark._checks import check_tensor
+from dspark._checks import check_range, check_tensor
 from dspark.backend import resolve_backend
 
 
@@ -90,9 +90,7 @@ def _check_inputs(q, k_ctx, v_ctx, k_blk, v_blk, ctx_len, block_valid) -> None:
     check_tensor("ctx_len", ctx_len, shape=(batch, num_blocks), integer=True)
     if num_heads % num_kv:
         raise ValueError(f"query heads ({num_heads}) must be a multiple of kv heads ({num_kv})")
-    if ctx_len.numel() and (int(ctx_len.min()) < 0 or int(ctx_len.max()) > k_ctx.shape[1]):
-        raise ValueError(f"ctx_len must lie in [0, {k_ctx.shape[1]}] (the context length), got "
-                         f"[{int(ctx_len.min())}, {int(ctx_len.max())}]")
+    check_range("ctx_len", ctx_len, 0, k_ctx.shape[1], " (the context length)")
     if block_valid is not None:
         check_tensor("block_valid", block_valid, shape=(batch, num_blocks))
         if block_valid.dtype != torch.bool:

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dspark._checks import check_tensor, check_token_range
+from dspark._checks import check_range, check_tensor, check_token_range
 from dspark.attention import block_attention
 from dspark.config import DSparkConfig
 from dspark.linear import Linear
@@ -276,9 +276,7 @@ class BlockBackbone(nn.Module):
         check_tensor("tap_features", tap_features, shape=(batch, None, None), floating=True)
         check_token_range("anchor_ids", anchor_ids, self.config.vocab_size)
         seq_len = tap_features.shape[1]
-        if anchor_pos.numel() and (int(anchor_pos.min()) < 0 or int(anchor_pos.max()) > seq_len):
-            raise ValueError(f"anchor_pos must lie in [0, {seq_len}] (the context length), got "
-                             f"[{int(anchor_pos.min())}, {int(anchor_pos.max())}]")
+        check_range("anchor_pos", anchor_pos, 0, seq_len, " (the context length)")
         ctx_hidden = F.dropout(self.fuse_context(tap_features), dropout, self.training)
         ctx_pos = torch.arange(seq_len, device=tap_features.device).expand(batch, seq_len)
         block_pos = anchor_pos[..., None] + torch.arange(self.config.block_size, device=anchor_pos.device)

@@ -73,12 +73,14 @@ class Sample:
 def tune_cpu_allocator() -> bool:
     """Have glibc keep freed memory for reuse instead of handing it back to the system at once.
 
-    A CPU training step allocates and frees dozens of ``[rows, V]`` buffers of tens of MB each. By default
-    glibc maps the largest afresh and trims the heap when they are freed, so every step pays the page
-    faults of touching them again: about 15% of a recipe step on 2 cores. This sets the mmap threshold to
-    its ceiling (32 MiB) and the trim threshold to 2 GiB, so freed buffers are reused; the resident set
-    then stays near its peak. Linux with glibc only; returns whether it applied. ``python -m dspark train``
-    calls it first; in a notebook, call it before training.
+    A CPU training step allocates and frees dozens of ``[rows, V]`` buffers of tens to hundreds of MB each
+    (a batched step at 16 sequences of the recipe's shape makes 350 MB ones). By default glibc maps every
+    buffer above its mmap threshold afresh and unmaps it when freed, so every step pays the page faults of
+    touching them again: about 15% of a recipe step on 2 cores at 4 sequences, a third at 16. This serves
+    every allocation from the heap (no mmap, since the threshold itself cannot be raised above 32 MiB) and
+    sets the trim threshold to 2 GiB, so freed buffers are reused; the resident set then stays near its peak.
+    Linux with glibc only; returns whether it applied. ``python -m dspark train`` calls it first; in a
+    notebook, call it before training.
     """
     if not sys.platform.startswith("linux"):
         return False
@@ -87,8 +89,8 @@ def tune_cpu_allocator() -> bool:
         mallopt = libc.mallopt
     except (OSError, AttributeError):  # not glibc (musl has no mallopt)
         return False
-    m_trim_threshold, m_mmap_threshold = -1, -3
-    return bool(mallopt(m_mmap_threshold, 32 << 20)) and bool(mallopt(m_trim_threshold, 2**31 - 1))
+    m_trim_threshold, m_mmap_max = -1, -4
+    return bool(mallopt(m_mmap_max, 0)) and bool(mallopt(m_trim_threshold, 2**31 - 1))
 
 
 def sample_anchors(loss_mask: torch.Tensor, num_anchors: int, generator: torch.Generator):
@@ -366,6 +368,10 @@ class TrainConfig:
     ``parallel``: the data-parallel engine under ``torch.distributed`` (:mod:`dspark.distributed`): ``ddp``,
     ``fsdp``, ``none`` or ``auto`` (``ddp`` with several ranks). ``sequences_per_step`` is the global batch
     and must divide evenly over the ranks; every engine takes the same steps as one process.
+
+    ``compile``: run the step's forward, loss and backward through ``torch.compile`` (the eager step is the
+    reference it is tested against). Contexts are then padded to a multiple of :data:`COMPILED_LENGTH_BUCKET`
+    rows, so that a few shapes repeat instead of one compilation per sequence length.
     """
 
     steps: int = 200
@@ -388,6 +394,7 @@ class TrainConfig:
     dropout: float = 0.0
     step_offset: int = 0
     parallel: str = "auto"
+    compile: bool = False
 
     def __post_init__(self):
         if self.objective not in ("dspark", "dflash", "eagle3"):
@@ -420,9 +427,14 @@ class TrainConfig:
                     confidence_weight=CONFIDENCE_WEIGHT)
 
 
-# A resumed run may change these: they set how often it evaluates and saves, and which (equivalent) loss kernel or
-# data-parallel engine runs, not which steps it takes.
-RESUME_FREE_SETTINGS = frozenset({"eval_every", "checkpoint_every", "loss_backend", "loss_chunk_rows", "parallel"})
+# Under torch.compile a step's contexts are padded to a multiple of this many rows: shapes repeat, so the step
+# compiles once per bucket instead of once per longest sequence length.
+COMPILED_LENGTH_BUCKET = 64
+
+# A resumed run may change these: they set how often it evaluates and saves, and which (equivalent) loss kernel,
+# data-parallel engine or compiler runs, not which steps it takes.
+RESUME_FREE_SETTINGS = frozenset({"eval_every", "checkpoint_every", "loss_backend", "loss_chunk_rows", "parallel",
+                                  "compile"})
 
 
 def lr_factor(step: int, config: TrainConfig) -> float:
@@ -456,15 +468,16 @@ class BlockBatch:
 
 
 def prepare_blocks(samples: list[Sample], features: list[tuple[torch.Tensor, torch.Tensor]], block_size: int,
-                   num_anchors: int, decay: float, generators: list[torch.Generator]) -> BlockBatch:
+                   num_anchors: int, decay: float, generators: list[torch.Generator],
+                   length_bucket: int = 1) -> BlockBatch:
     """Cut the blocks of several sequences and stack them into one :class:`BlockBatch`.
 
     Each sequence draws its anchors from its own generator, so its blocks do not depend on which sequences
-    share its step or its rank. Sequences are padded at the end to the longest: padded context rows are
-    zeros that no block sees (block n attends to rows before its anchor only) and padded positions are
-    outside the loss mask, so they are never labels.
+    share its step or its rank. Sequences are padded at the end to the longest (rounded up to a multiple of
+    ``length_bucket``): padded context rows are zeros that no block sees (block n attends to rows before its
+    anchor only) and padded positions are outside the loss mask, so they are never labels.
     """
-    longest = max(s.token_ids.shape[0] for s in samples)
+    longest = -(-max(s.token_ids.shape[0] for s in samples) // length_bucket) * length_bucket
     taps0, hidden0 = features[0]
     token_ids = torch.zeros(len(samples), longest, dtype=torch.long)
     loss_mask = torch.zeros(len(samples), longest, dtype=torch.bool)
@@ -605,10 +618,11 @@ class Trainer:
         self.low_precision = precision == "bf16" or (precision == "auto" and self.device.type == "cuda")
         target_lm_head = target_lm_head.to(self.device, torch.bfloat16 if self.low_precision else None)
         self.target_lm_head = target_lm_head
-        self.answer_tokens = [int(s.loss_mask.sum()) for s in self.train]
         self.parallel = resolve_parallel(self.config.parallel, self.config.sequences_per_step)
         self.module = wrap_for_data_parallel(self.loss_class(self.drafter, target_lm_head, self.config,
                                                              self.low_precision), self.parallel, self.device)
+        if self.config.compile:
+            self.module.compile()  # in place: parameter names, and so checkpoints, stay those of the eager module
         params = [p for p in self.module.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=self.config.lr, weight_decay=self.config.weight_decay,
                                            betas=(0.9, 0.95))
@@ -632,7 +646,8 @@ class Trainer:
         features = [self.source.features(self._feature_key(index, sample), sample) for index, sample in items]
         blocks = prepare_blocks([sample for _, sample in items], features, self.drafter.config.block_size,
                                 self.config.num_anchors, self.config.decay,
-                                [self._generator(step, index) for index, _ in items])
+                                [self._generator(step, index) for index, _ in items],
+                                COMPILED_LENGTH_BUCKET if self.config.compile else 1)
         if self.label_index is not None:
             draft_labels = self.label_index[blocks.labels]
             blocks.weights = blocks.weights * (draft_labels >= 0)
@@ -674,7 +689,7 @@ class Trainer:
         step = self.config.step_offset + self.step  # the step in the drafter's whole training
         indices = [(step * per + i) % len(self.train) for i in range(per)]
         mine = [(idx, self.train[idx]) for idx in indices[rank()::world]]
-        self.answer_tokens_seen += sum(self.answer_tokens[idx] for idx in indices)
+        self.answer_tokens_seen += sum(int(self.train[idx].loss_mask.sum()) for idx in indices)
         prefetch = getattr(self.source, "prefetch", None)
         if prefetch is not None:
             prefetch([(self._feature_key(idx, sample), sample) for idx, sample in mine])
@@ -763,6 +778,7 @@ class Trainer:
     def fit(self, *, output_dir: str | os.PathLike | None = None, progress: bool = True) -> list[dict]:
         """Train to ``config.steps``, evaluating every ``eval_every`` steps and checkpointing if asked.
 
+        The bar shows steps, ETA, the loss, answer tokens trained per second and the latest held-out τ_prob.
         Under ``torch.distributed`` every rank calls it; rank 0 alone shows progress and writes checkpoints.
         """
         bar = None
@@ -778,6 +794,7 @@ class Trainer:
             if bar:
                 bar.set_postfix(tau_prob=f"{first['eval_tau_prob']:.2f}", acc1=f"{first['eval_accuracy'][0]:.2f}")
         start = time.perf_counter() - self.elapsed
+        tokens_before, seconds_before = self.answer_tokens_seen, self.elapsed  # this session's rate, not the run's
         while self.step < self.config.steps:
             row = self.train_step()
             if self.config.eval_every and (self.step % self.config.eval_every == 0 or self.step == self.config.steps):
@@ -786,7 +803,8 @@ class Trainer:
             self.history.append(row)
             if bar:
                 evaluated = next((r for r in reversed(self.history) if "eval_tau_prob" in r), None)
-                shown = {"loss": f"{row['loss']:.3f}"}
+                rate = (self.answer_tokens_seen - tokens_before) / max(self.elapsed - seconds_before, 1e-9)
+                shown = {"loss": f"{row['loss']:.3f}", "tok/s": f"{rate:,.0f}"}
                 if evaluated is not None:  # the latest held-out numbers stay on the bar between evaluations
                     shown.update(tau_prob=f"{evaluated['eval_tau_prob']:.2f}",
                                  acc1=f"{evaluated['eval_accuracy'][0]:.2f}")

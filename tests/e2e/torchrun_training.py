@@ -3,8 +3,8 @@
     torchrun --standalone --nproc_per_node 2 tests/e2e/torchrun_training.py ENGINE OUT_DIR
 
 Trains the tiny setup of :func:`tests.e2e.training_helpers.tiny_trainer` twice under ``ENGINE`` (``ddp`` or
-``fsdp``): straight through 4 steps, and 2 steps then a checkpoint and a fresh trainer resumed from it for
-the other 2. Rank 0 writes both runs' final checkpoints under ``OUT_DIR`` (``straight/``, ``resumed/``), and
+``fsdp``): straight through 4 steps, evaluating every 2, and 2 steps then a checkpoint and a fresh trainer
+resumed from it for the other 2. Rank 0 writes both runs' final checkpoints under ``OUT_DIR`` (``straight/``, ``resumed/``), and
 the error a batch that does not split over the ranks raises (``uneven_batch_error.txt``).
 """
 
@@ -31,7 +31,7 @@ def main() -> None:
         if torch.distributed.get_rank() == 0:
             out.mkdir(parents=True, exist_ok=True)
             (out / "uneven_batch_error.txt").write_text(str(error), encoding="utf-8")
-    straight, _ = tiny_trainer(steps=STEPS, parallel=engine)
+    straight, _ = tiny_trainer(steps=STEPS, parallel=engine, eval_every=2)
     straight.fit(progress=False)
     straight.save(out / "straight")
 
