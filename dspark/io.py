@@ -10,14 +10,25 @@ from collections.abc import Callable
 from pathlib import Path
 
 
+def _mode(full: int) -> int:
+    """``full`` (0o666 for files, 0o777 for folders) less the process's umask: the mode ``open`` or ``mkdir``
+    would give. Temporary files and folders are made private (0o600, 0o700), which a rename would keep."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return full & ~umask
+
+
 def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
-    """Call ``write(tmp_path)`` on a temporary file beside ``path``, then rename it over ``path``."""
+    """Call ``write(tmp_path)`` on a temporary file beside ``path``, then rename it over ``path``.
+
+    The file ends with the mode any other tool's file would have (0o666 less the umask)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
         write(tmp)
+        os.chmod(tmp, _mode(0o666))
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -29,11 +40,14 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
 
 @contextlib.contextmanager
 def atomic_directory(path: str | os.PathLike):
-    """Yield a temporary folder beside ``path``; on success it replaces ``path`` in one rename."""
+    """Yield a temporary folder beside ``path``; on success it replaces ``path`` in one rename.
+
+    The folder ends with the mode ``mkdir`` would give it (0o777 less the umask)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
+        os.chmod(tmp, _mode(0o777))
         yield tmp
         if path.exists():
             old = path.with_name(f".{path.name}.old")
