@@ -541,3 +541,22 @@ def test_the_recipe_precision_resolves_to_a_dtype_this_machine_runs_fast(tmp_pat
     assert fastest_precision("cuda") == "bf16"  # decided without timing: GPUs have bf16 units
     with pytest.raises(ValueError, match="precision must be"):
         train_default_drafter(tmp_path / "drafter", precision="fp16", work_dir=tmp_path / "work", progress=False)
+
+
+def test_a_recipe_of_two_phases_trains_them_in_turn_and_a_rerun_skips_both(real_target, tmp_path, capsys):
+    """``run_recipe`` end to end at toy size: the second phase continues the first's drafter at its own
+    learning rate, and running the recipe again finds both phases written and trains nothing."""
+    from dspark.recipe import run_recipe
+
+    settings = {k: v for k, v in toy_recipe().items() if k != "progress"} | {"answers": str(RECIPE_ANSWERS)}
+    recipe = tmp_path / "recipe.json"
+    recipe.write_text(json.dumps(settings | {"phases": [{"steps": 2, "lr": 1e-3}, {"steps": 2, "lr": 5e-4}]}),
+                      encoding="utf-8")
+    out = run_recipe(recipe, tmp_path / "drafter", work_dir=tmp_path / "work", progress=False)
+    meta = json.loads((out / "config.json").read_text(encoding="utf-8"))["metadata"]
+    assert meta["steps"] == 4 and meta["run"]["arguments"]["lr"] == 5e-4
+    assert meta["run"]["arguments"]["continue_from"] == "phase01-steps2"
+    assert meta["run"]["parent"]["run"]["arguments"]["lr"] == 1e-3
+    capsys.readouterr()
+    run_recipe(recipe, tmp_path / "drafter", work_dir=tmp_path / "work", progress=False)
+    assert capsys.readouterr().out.count("already trained") == 2
