@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One GPU run, at most 14 minutes on one H100/H200-class card, everything it measures written to $OUT
+# One GPU run, at most 16 minutes on one H100/H200-class card (a 15-minute lease needs SKIP), everything it measures written to $OUT
 # (default benchmarks/results); copy it back under benchmarks/results/. Stages, each under its own
 # timeout so one failure still leaves the others' results:
 #   1. the target's SPS curve (random-weight SmolLM2-135M and Qwen3-8B architectures, bf16)
@@ -11,8 +11,10 @@
 #      (random-weight SmolLM2-135M target and a drafter of the shipped shapes)
 #   5. training-step tokens/s and memory: the CPU recipe's step (bf16, reduced vocabulary) against the
 #      plain and fused loss, then plain vs fused at paper scale
+#   0. first, the batched training step at the recipe shape: ATen ops and slots/s at 1, 4 and 16
+#      sequences per step (against the committed training_cuda_recipe.json's 96 ms step)
 # SKIP names stages to leave out (a lease is short: skip what an earlier run already measured at the same
-# code): sps, paper-checks, kernel-tests, kernel-benchmark, round-cost, training-recipe, training-paper. The
+# code): training-step, sps, paper-checks, kernel-tests, kernel-benchmark, round-cost, training-recipe, training-paper. The
 # compile matrix needs no GPU: run benchmarks/compile_matrix.py on a CPU under each Triton version.
 #
 #   OUT=/some/dir DSPARK_COMMIT=$(git rev-parse --short HEAD) SKIP="sps kernel-benchmark" bash benchmarks/gpu_check.sh
@@ -22,7 +24,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 for id in ${SKIP:-}; do
   case $id in
-    sps|paper-checks|kernel-tests|kernel-benchmark|round-cost|training-recipe|training-paper) ;;
+    training-step|sps|paper-checks|kernel-tests|kernel-benchmark|round-cost|training-recipe|training-paper) ;;
     *) echo "SKIP names an unknown stage: $id" >&2; exit 2 ;;
   esac
 done
@@ -55,6 +57,8 @@ stage() {  # stage ID NAME SECONDS COMMAND...
   log "$name exit $rc"
   [ "$rc" -eq 0 ] || status=1
 }
+stage training-step "batched training step" 90 python benchmarks/bench_training.py --study batching --device cuda \
+  --steps 10 --repeats 1 --out "$OUT"
 stage sps "SPS profile" 90 python benchmarks/bench_sps.py --device cuda --out "$OUT"
 # The paper-scale checks first: the hypothesis suite after them is the one a timeout may cut short. On a fresh
 # machine Triton compiles every kernel first: the paper-scale checks took over 120 s there and 21 s once
