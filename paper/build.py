@@ -284,8 +284,8 @@ def phases_clause(arms: dict) -> str:
     runs = {name: len(training_runs(arm.get("run"))) for name, arm in arms.items()}
     if max(runs.values(), default=1) <= 1:
         return ""
-    return (", each phase continuing the drafter the phase before it wrote ("
-            + ", ".join(f"{label(name)} {n} phase{'s' if n > 1 else ''}" for name, n in runs.items()) + ")")
+    return (", each phase continuing the drafter the phase before it wrote (phases run: "
+            + "; ".join(f"{label(name)} {n}" for name, n in runs.items()) + ")")
 
 
 def train_seconds(run: dict | None) -> float | None:

@@ -299,8 +299,8 @@ def test_the_phases_each_arm_ran_are_counted_from_the_runs_it_recorded():
 
     assert builder.phases_clause(arms(dspark=1, dflash=1)) == ""
     assert builder.phases_clause(arms(dspark=5, dflash=3, eagle3=1)) == \
-        ", each phase continuing the drafter the phase before it wrote (DSpark 5 phases, DFlash 3 phases, " \
-        "EAGLE-3-style 1 phase)"
+        ", each phase continuing the drafter the phase before it wrote (phases run: DSpark 5; DFlash 3; " \
+        "EAGLE-3-style 1)"
 
 
 def test_the_command_the_paper_gives_names_the_recipes_arms():
