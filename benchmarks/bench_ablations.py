@@ -91,8 +91,8 @@ def _prompts():
 
 
 def _corpus_dir(precision: str) -> Path:
+    from dspark.pipeline import recipe_corpus_dir
     from dspark.target import cache_root
-    from dspark.training import recipe_corpus_dir
 
     return recipe_corpus_dir(cache_root() / "training", precision, 192)
 

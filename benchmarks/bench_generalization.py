@@ -33,11 +33,7 @@ from benchmarks.environment import write_result  # noqa: E402
 from dspark.checkpoint import load_drafter, read_checkpoint_config, shipped_drafter_dir  # noqa: E402
 from dspark.corpus import corpus_order, load_answers, load_corpus, sample_path  # noqa: E402
 from dspark.data import held_out_followups, load_training_prompts  # noqa: E402
-from dspark.target import load_default_target  # noqa: E402
-from dspark.training import (  # noqa: E402
-    OfflineFeatures,
-    TrainConfig,
-    Trainer,
+from dspark.pipeline import (  # noqa: E402
     code2_corpus_dir,
     code_corpus_dir,
     followup_corpus_dir,
@@ -47,6 +43,8 @@ from dspark.training import (  # noqa: E402
     recipe_sharegpt_split,
     sampled_corpus_dir,
 )
+from dspark.target import load_default_target  # noqa: E402
+from dspark.training import OfflineFeatures, TrainConfig, Trainer  # noqa: E402
 
 # Each extra pool's corpus, from the ShareGPT corpus's directory and the drafter's training arguments.
 POOLS = {"code": lambda d, _: code_corpus_dir(d), "math": lambda d, _: math_corpus_dir(d),

@@ -39,8 +39,7 @@ def main(argv=None) -> int:
     from dspark.corpus import build_corpus, load_corpus
     from dspark.data import load_prompt_mix, load_training_prompts
     from dspark.decoding import SamplingConfig, generate
-    from dspark.target import cache_root, load_default_target
-    from dspark.training import (
+    from dspark.pipeline import (
         code2_corpus_dir,
         code_corpus_dir,
         followup_corpus_dir,
@@ -48,6 +47,7 @@ def main(argv=None) -> int:
         math3_corpus_dir,
         math_corpus_dir,
     )
+    from dspark.target import cache_root, load_default_target
 
     recipe = json.loads(args.recipe.read_text(encoding="utf-8"))
     arms = {}

@@ -137,7 +137,8 @@ def measure(variant: str, scale: str, device: str, steps: int, chunk_rows: int, 
     engine = ({} if parallel == "auto" else {"parallel": parallel}) | ({"compile": True} if compiled else {})
     train_config = TrainConfig(steps=steps + 3, num_anchors=s["anchors"], sequences_per_step=s["sequences"],
                                eval_every=0, loss_backend=backend, **engine,
-                               precision=precision or ("bf16" if variant in ("bf16", "bf16-vocab", "recipe") else "auto"),
+                               precision=precision
+                               or ("bf16" if variant in ("bf16", "bf16-vocab", "recipe") else "auto"),
                                loss_chunk_rows=chunk_rows if variant == "chunked" else None)
     trainer = Trainer(drafter, lm_head, source, samples, train_config)
     if device == "cuda":
@@ -213,8 +214,8 @@ def batching_study(args) -> None:
         ops = "-" if row["ops_per_step"] is None else f"{row['ops_per_step']:,}"
         print(f"{name:16s} {engine:5s} {n:3d} sequences: {ops:>7s} ops/step {row['tokens_per_s']:8.0f} slots/s",
               flush=True)
-    print(write_result(f"training_batching_{args.device}", {"baseline_commit": args.baseline_commit, "rows": list(rows.values())},
-                       args.out))
+    print(write_result(f"training_batching_{args.device}",
+                       {"baseline_commit": args.baseline_commit, "rows": list(rows.values())}, args.out))
 
 
 def child_main(args) -> None:

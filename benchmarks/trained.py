@@ -12,9 +12,9 @@ word-problem pools, 4,000 more with a second series of word problems added, 4,00
 more with a second series of code prompts), ``dflash`` and ``eagle3`` (its ``--arm`` baselines; DFlash for the
 first three phases, EAGLE-3 for 2,000 steps), and ``dspark-ce``, the DSpark drafter trained on cross-entropy
 alone (``--arm dspark-ce``: ``ce_weight`` 1, ``l1_weight`` 0, the first three phases): the DSpark architecture
-with DFlash's loss, which separates what the Markov head adds from what the L1 term adds. Each continued arm's earlier drafters
-are committed as ``<name>-steps<N>``: :func:`equal_budget_drafters` finds the DSpark one at DFlash's steps, so the
-two can still be compared at equal training budget.
+with DFlash's loss, which separates what the Markov head adds from what the L1 term adds. Each continued arm's
+earlier drafters are committed as ``<name>-steps<N>``: :func:`equal_budget_drafters` finds the DSpark one at
+DFlash's steps, so the two can still be compared at equal training budget.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import datetime
 import json
 from pathlib import Path
 
-from dspark.training import loss_weights_suffix
+from dspark.pipeline import loss_weights_suffix
 
 ARMS = {"dspark": "smollm2-135m-instruct-dspark", "dflash": "smollm2-135m-instruct-dflash",
         "eagle3": "smollm2-135m-instruct-eagle3",

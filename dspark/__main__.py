@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 
 def example() -> None:
@@ -47,7 +46,7 @@ def _train_flags(args) -> dict:
     return {k: v for k, v in flags.items() if v is not None}
 
 
-# dspark.training.POOL_NAMES but "sampled", spelled out so that parsing arguments does not import torch.
+# dspark.pipeline.POOL_NAMES but "sampled", spelled out so that parsing arguments does not import torch.
 GROWABLE_POOLS = ("code", "math", "math2", "math3", "code2", "followup")
 
 
@@ -129,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {path}: serve it with `vllm serve {path}`")
         return 0
     if args.command == "answer":
-        from dspark.training import answer_pool, tune_cpu_allocator
+        from dspark.pipeline import answer_pool
+        from dspark.training import tune_cpu_allocator
 
         tune_cpu_allocator()
         done = answer_pool(args.pool, args.prompts, args.archive, precision=args.precision)
@@ -138,15 +138,16 @@ def main(argv: list[str] | None = None) -> int:
               f"(features under {done['corpus']})")
         return 0
     if args.command == "average":
-        from dspark.training import average_drafters
+        from dspark.pipeline import average_drafters
 
         path = average_drafters(args.drafters, args.output)
         print(f"wrote {path}")
         return 0
     if args.command == "train":
         from dspark.checkpoint import default_drafter_dir
+        from dspark.pipeline import loss_weights_suffix, train_default_drafter
         from dspark.recipe import load_recipe, run_recipe
-        from dspark.training import loss_weights_suffix, train_default_drafter, tune_cpu_allocator
+        from dspark.training import tune_cpu_allocator
 
         flags = _train_flags(args)
         if args.arm and not args.config:
@@ -155,6 +156,9 @@ def main(argv: list[str] | None = None) -> int:
             phases = load_recipe(args.config, args.arm) if args.config else [{}]
         except ValueError as error:
             raise SystemExit(str(error)) from error
+        if "steps" in flags and len(phases) > 1:
+            raise SystemExit(f"{args.config} has {len(phases)} phases, each with its own steps: --steps would "
+                             f"override them all; edit the phases instead")
         settings = {"objective": "dspark"} | phases[-1] | flags
         name = f"smollm2-135m-instruct-{settings['objective']}" + \
             loss_weights_suffix(settings.get("ce_weight"), settings.get("l1_weight"))

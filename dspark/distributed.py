@@ -3,9 +3,10 @@
 ``parallel`` names the engine: ``ddp`` (``DistributedDataParallel``: every rank holds the whole drafter and
 its optimiser state; gradients are all-reduced in buckets, overlapped with backward), ``fsdp`` (FSDP2's
 ``fully_shard``: trained parameters, their gradients and optimiser state sharded over ranks, the
-parameters gathered for the forward and backward; frozen ones replicated) or ``none`` (one process). ``auto`` is ``ddp`` under ``torch.distributed`` with more
-than one rank, else ``none``. Checkpoints are written whole (gathered to rank 0 through
-``torch.distributed.checkpoint.state_dict``), so every engine reads what any other wrote.
+parameters gathered for the forward and backward; frozen ones replicated) or ``none`` (one process).
+``auto`` is ``ddp`` under ``torch.distributed`` with more than one rank, else ``none``. Checkpoints are
+written whole (gathered to rank 0 through ``torch.distributed.checkpoint.state_dict``), so every engine
+reads what any other wrote.
 """
 
 from __future__ import annotations
@@ -88,8 +89,7 @@ def full_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tup
     A collective under FSDP2: every rank calls it, and only rank 0's result is whole. The optimizer state is
     keyed by parameter name: ``{"state": {name: {"step", "exp_avg", "exp_avg_sq"}}, "param_groups": [...]}``.
     """
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                         get_optimizer_state_dict)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     weights = {k: v.detach().cpu() for k, v in get_model_state_dict(module, options=options).items()}
@@ -105,8 +105,12 @@ def load_full_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer, w
                     optimizer_state: dict[str, dict[str, torch.Tensor]], groups: list[dict]) -> None:
     """Load whole tensors keyed by drafter parameter name (what :func:`full_state` gave) into ``module`` and
     ``optimizer``, sharding them where the engine shards. Every rank calls it with the same tensors."""
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_optimizer_state_dict,
-                                                         set_model_state_dict, set_optimizer_state_dict)
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
 
     options = StateDictOptions(full_state_dict=True, strict=False)
     set_model_state_dict(module, {f"drafter.{k}": v for k, v in weights.items()}, options=options)

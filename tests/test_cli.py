@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-import dspark.training
+import dspark.pipeline
 from dspark.recipe import load_recipe, phase_directories, run_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,7 +54,7 @@ def test_recipes_that_cannot_run_are_refused(tmp_path, recipe, arm, message):
 def fake_training(calls: list):
     """Stands in for train_default_drafter: records its call and writes what a real run records of it."""
 
-    @functools.wraps(dspark.training.train_default_drafter)  # its signature is what recipes are checked against
+    @functools.wraps(dspark.pipeline.train_default_drafter)  # its signature is what recipes are checked against
     def train(output_dir, *, continue_from=None, work_dir=None, progress=True, **settings):
         calls.append((Path(output_dir), continue_from, settings))
         arguments = {k: Path(v).name if k.endswith("answers") and v is not None else v for k, v in settings.items()}
@@ -70,7 +70,7 @@ def fake_training(calls: list):
 def test_run_recipe_continues_each_phase_from_the_last_and_skips_finished_phases(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(dspark.checkpoint, "FORMAT", "dspark-drafter")
     calls = []
-    monkeypatch.setattr(dspark.training, "train_default_drafter", fake_training(calls))
+    monkeypatch.setattr(dspark.pipeline, "train_default_drafter", fake_training(calls))
     path = write_recipe(tmp_path, objective="dspark", phases=[{"steps": 10}, {"steps": 5}, {"steps": 5}])
     out = tmp_path / "drafter"
     run_recipe(path, out, overrides={"precision": "fp32"})
@@ -128,7 +128,7 @@ def test_the_recipe_is_the_schedule_that_trained_the_committed_drafters(arm, dra
 
 def test_answer_offers_every_pool_but_the_sampled_one():
     from dspark.__main__ import GROWABLE_POOLS
-    from dspark.training import POOL_NAMES
+    from dspark.pipeline import POOL_NAMES
 
     assert GROWABLE_POOLS == tuple(name for name in POOL_NAMES if name != "sampled")
 
@@ -144,7 +144,24 @@ def test_answer_refuses_what_it_cannot_answer_before_loading_the_target(pool, co
         raise AssertionError("the target was loaded before the arguments were checked")
 
     monkeypatch.setattr(dspark.target, "load_default_target", no_target)
-    from dspark.training import answer_pool
+    from dspark.pipeline import answer_pool
 
     with pytest.raises(ValueError, match=message):
         answer_pool(pool, count, tmp_path / "pool.answers.npz", precision=precision, work_dir=tmp_path)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["train", "--arm", "dflash"], "give the recipe with --config"),
+    (["train", "--config", str(RECIPE), "--arm", "medusa"], "no arm 'medusa'"),
+    (["train", "--config", str(RECIPE), "--steps", "10"], "12 phases, each with its own steps"),
+])
+def test_train_refuses_flags_that_do_not_fit_the_recipe_before_training(argv, message, monkeypatch):
+    @functools.wraps(dspark.pipeline.train_default_drafter)
+    def no_training(*args, **kwargs):
+        raise AssertionError("training started")
+
+    monkeypatch.setattr(dspark.pipeline, "train_default_drafter", no_training)
+    from dspark.__main__ import main
+
+    with pytest.raises(SystemExit, match=message):
+        main(argv)

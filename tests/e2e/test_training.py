@@ -6,13 +6,13 @@ import json
 import pytest
 import torch
 
+from dspark.pipeline import loss_weights_suffix
 from dspark.training import (
     OfflineFeatures,
     Sample,
     TrainConfig,
     Trainer,
     block_targets,
-    loss_weights_suffix,
     sample_anchors,
     source_commit,
     tune_cpu_allocator,
@@ -273,7 +273,8 @@ def test_the_recipe_at_toy_size_writes_a_drafter_that_records_its_run(real_targe
     answers, a reduced draft vocabulary) but with six sequences and two steps: the drafter loads, and its
     metadata holds the arguments, the timed phases and when it was trained."""
     from dspark.checkpoint import load_drafter
-    from dspark.training import fastest_precision, train_default_drafter
+    from dspark.pipeline import train_default_drafter
+    from dspark.training import fastest_precision
 
     path = train_default_drafter(tmp_path / "drafter", steps=2, **toy_recipe(work_dir=tmp_path / "work"))
     meta = json.loads((path / "config.json").read_text(encoding="utf-8"))["metadata"]
@@ -290,7 +291,7 @@ def test_the_recipe_at_toy_size_writes_a_drafter_that_records_its_run(real_targe
 
 def test_the_recipe_continues_a_drafter_it_wrote_and_refuses_one_trained_otherwise(real_target, tmp_path):
     from dspark.checkpoint import load_drafter, save_drafter
-    from dspark.training import train_default_drafter
+    from dspark.pipeline import train_default_drafter
 
     toy = toy_recipe(work_dir=tmp_path / "work")
     parent = train_default_drafter(tmp_path / "parent", steps=2, **toy)
@@ -322,7 +323,7 @@ def test_the_recipe_continues_a_drafter_it_wrote_and_refuses_one_trained_otherwi
 
 def test_averaging_continuations_writes_their_mean_scored_on_the_held_out_split(real_target, tmp_path):
     from dspark.checkpoint import SHARED, load_drafter
-    from dspark.training import average_drafters, train_default_drafter
+    from dspark.pipeline import average_drafters, train_default_drafter
 
     toy = toy_recipe(work_dir=tmp_path / "work", eval_every=1)
     parent = train_default_drafter(tmp_path / "parent", steps=2, **toy)
@@ -358,7 +359,8 @@ def test_the_recipe_adds_code_and_math_prompts_to_a_continuation_and_keeps_the_h
     train beside the ShareGPT samples: the features are read from the right corpus (a sample read from the wrong one
     fails its token-id check), the vocabulary and the held-out sequences stay the parent's, and the counts are
     recorded."""
-    from dspark.training import fastest_precision, train_default_drafter
+    from dspark.pipeline import train_default_drafter
+    from dspark.training import fastest_precision
 
     toy = toy_recipe(work_dir=tmp_path / "work", sequences_per_step=4, max_new_tokens=192)
     parent = train_default_drafter(tmp_path / "parent", steps=2, **toy)
@@ -400,7 +402,8 @@ def test_the_recipe_samples_new_answers_to_the_sharegpt_training_prompts_only(re
     ones, the corpus records its temperature, and the checkpoint is named after the count and the temperature."""
     from dspark.corpus import corpus_order, load_corpus
     from dspark.data import load_training_prompts
-    from dspark.training import fastest_precision, recipe_corpus_dir, sampled_corpus_dir, train_default_drafter
+    from dspark.pipeline import recipe_corpus_dir, sampled_corpus_dir, train_default_drafter
+    from dspark.training import fastest_precision
 
     toy = toy_recipe(work_dir=tmp_path / "work", sequences_per_step=4, max_new_tokens=192)
     parent = train_default_drafter(tmp_path / "parent", steps=2, **toy)
@@ -442,7 +445,8 @@ def test_the_recipe_answers_sharegpt_followups_and_drops_those_of_held_out_conve
     import dspark.data
     from dspark.corpus import corpus_order, load_corpus
     from dspark.data import load_followup_prompts
-    from dspark.training import fastest_precision, followup_corpus_dir, recipe_corpus_dir, train_default_drafter
+    from dspark.pipeline import followup_corpus_dir, recipe_corpus_dir, train_default_drafter
+    from dspark.training import fastest_precision
 
     toy = toy_recipe(work_dir=tmp_path / "work", sequences_per_step=4, max_new_tokens=192)
     parent = train_default_drafter(tmp_path / "parent", steps=2, **toy)
@@ -479,16 +483,16 @@ def test_the_recipe_rebuilds_code_and_math_corpora_from_their_archives_without_a
     them as on the answered corpora. With ``features="lazy"`` nothing is rebuilt up front: the features on disk
     afterwards are those the run read, computed as it read them."""
     from dspark.corpus import load_corpus, save_answers
-    from dspark.training import (
+    from dspark.pipeline import (
         code2_corpus_dir,
         code_corpus_dir,
-        fastest_precision,
         math2_corpus_dir,
         math3_corpus_dir,
         math_corpus_dir,
         recipe_corpus_dir,
         train_default_drafter,
     )
+    from dspark.training import fastest_precision
 
     toy = toy_recipe(sequences_per_step=4, max_new_tokens=192)
     parent = train_default_drafter(tmp_path / "parent", steps=2, work_dir=tmp_path / "answered", **toy)
@@ -535,7 +539,8 @@ def test_the_recipe_rebuilds_code_and_math_corpora_from_their_archives_without_a
 
 
 def test_the_recipe_precision_resolves_to_a_dtype_this_machine_runs_fast(tmp_path):
-    from dspark.training import fastest_precision, train_default_drafter
+    from dspark.pipeline import train_default_drafter
+    from dspark.training import fastest_precision
 
     assert fastest_precision("cpu") in ("bf16", "fp32")
     assert fastest_precision("cuda") == "bf16"  # decided without timing: GPUs have bf16 units

@@ -4,8 +4,9 @@
 
 Trains the tiny setup of :func:`tests.e2e.training_helpers.tiny_trainer` twice under ``ENGINE`` (``ddp`` or
 ``fsdp``): straight through 4 steps, evaluating every 2, and 2 steps then a checkpoint and a fresh trainer
-resumed from it for the other 2. Rank 0 writes both runs' final checkpoints under ``OUT_DIR`` (``straight/``, ``resumed/``), and
-the error a batch that does not split over the ranks raises (``uneven_batch_error.txt``).
+resumed from it for the other 2. Rank 0 writes both runs' final checkpoints under ``OUT_DIR``
+(``straight/``, ``resumed/``), and the error a batch that does not split over the ranks raises
+(``uneven_batch_error.txt``).
 """
 
 import os
