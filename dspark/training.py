@@ -826,7 +826,8 @@ class Trainer:
     def save(self, directory: str | os.PathLike) -> Path:
         """Drafter, optimiser state and step, written atomically; :meth:`resume` continues bit for bit.
 
-        Under ``torch.distributed`` every rank calls it (FSDP2's shards are gathered into whole tensors
+        ``trainer_state.json`` also records the run: its config, history (with seconds), world size, engine
+        and the commit of the code that trained. Under ``torch.distributed`` every rank calls it (FSDP2's shards are gathered into whole tensors
         first) and rank 0 writes; the files are those of a single-process run.
         """
         import safetensors.torch
@@ -835,6 +836,7 @@ class Trainer:
         if rank() == 0:
             tensors, meta = {}, {"step": self.step, "config": asdict(self.config), "history": self.history,
                                  "answer_tokens_seen": self.answer_tokens_seen, "elapsed": self.elapsed,
+                                 "world_size": world_size(), "parallel": self.parallel, "commit": source_commit(),
                                  "groups": [{k: v for k, v in group.items() if k != "params"}
                                             for group in optimizer_state["param_groups"]]}
             for name, state in optimizer_state["state"].items():
