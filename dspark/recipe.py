@@ -40,6 +40,13 @@ def _train_parameters() -> tuple[set[str], tuple[str, ...]]:
     return set(inspect.signature(train_default_drafter).parameters), POOL_NAMES
 
 
+def _steps(settings: dict) -> int:
+    """A phase's steps: its own, or train_default_drafter's default."""
+    from dspark.pipeline import train_default_drafter
+
+    return settings.get("steps", inspect.signature(train_default_drafter).parameters["steps"].default)
+
+
 def load_recipe(path: str | os.PathLike, arm: str | None = None) -> list[dict]:
     """The keyword arguments of :func:`dspark.pipeline.train_default_drafter` for each phase of ``arm``
     (default: the recipe's main arm), without ``continue_from``. Raises ``ValueError`` for a recipe that
@@ -97,7 +104,7 @@ def phase_directories(output_dir: str | os.PathLike, phases: list[dict]) -> list
     output_dir = Path(output_dir)
     steps, directories = 0, []
     for index, phase in enumerate(phases, 1):
-        steps += phase.get("steps", 4000)
+        steps += _steps(phase)
         directories.append(output_dir.with_name(f"{output_dir.name}-phases") / f"phase{index:02d}-steps{steps}")
     directories[-1] = output_dir
     return directories
@@ -138,7 +145,7 @@ def run_recipe(path: str | os.PathLike, output_dir: str | os.PathLike, *, arm: s
     for index, (settings, directory) in enumerate(zip(phases, directories), 1):
         last = index == len(phases)
         settings = settings | ({} if last else {"calibrate": False})
-        where = f"phase {index}/{len(phases)} ({settings.get('steps', 4000):,} steps)"
+        where = f"phase {index}/{len(phases)} ({_steps(settings):,} steps)"
         if finished(directory, settings, parent):
             print(f"{where}: already trained in {directory}, skipped", flush=True)
         else:

@@ -827,8 +827,9 @@ class Trainer:
         """Drafter, optimiser state and step, written atomically; :meth:`resume` continues bit for bit.
 
         ``trainer_state.json`` also records the run: its config, history (with seconds), world size, engine
-        and the commit of the code that trained. Under ``torch.distributed`` every rank calls it (FSDP2's shards are gathered into whole tensors
-        first) and rank 0 writes; the files are those of a single-process run.
+        and the commit of the code that trained. Under ``torch.distributed`` every rank calls it (FSDP2's
+        shards are gathered into whole tensors first) and rank 0 writes; the files are those of a
+        single-process run.
         """
         import safetensors.torch
 
