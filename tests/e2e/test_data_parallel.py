@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import safetensors.torch
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from benchmarks.bench_training import OpCounter
 from dspark.training import Sample
 from tests.e2e.training_helpers import tiny_trainer
 
@@ -42,16 +42,6 @@ def test_one_batched_backward_equals_the_sum_of_per_sequence_backwards(objective
                                    per_sequence):
         # fp32, the same terms summed in another order (one GEMM over all rows instead of four): rounding only.
         torch.testing.assert_close(p.grad, expected, rtol=1e-5, atol=1e-7, msg=name)
-
-
-class OpCounter(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops += 1
-        return func(*args, **(kwargs or {}))
 
 
 class Precomputed:
