@@ -375,6 +375,11 @@ class TrainConfig:
     ``fsdp``, ``none`` or ``auto`` (``ddp`` with several ranks). ``sequences_per_step`` is the global batch
     and must divide evenly over the ranks; every engine takes the same steps as one process.
 
+    ``checkpoint_every`` and ``checkpoint_minutes``: :meth:`Trainer.fit` with an ``output_dir`` checkpoints after
+    every that many steps or once that many minutes have passed since the last checkpoint, whichever comes
+    first (0 turns either off), so a killed run loses at most that much; under ``torch.distributed`` rank 0's
+    clock decides for every rank.
+
     ``compile``: run the step's forward, loss and backward through ``torch.compile`` (the eager step is the
     reference it is tested against). Contexts are then padded to a multiple of :data:`COMPILED_LENGTH_BUCKET`
     rows, so that a few shapes repeat instead of one compilation per sequence length.
@@ -391,6 +396,7 @@ class TrainConfig:
     objective: str = "dspark"
     eval_every: int = 50
     checkpoint_every: int = 0
+    checkpoint_minutes: float = 0.0
     seed: int = 0
     loss_backend: str = "auto"
     loss_chunk_rows: int | None = None
@@ -416,6 +422,9 @@ class TrainConfig:
             raise ValueError("steps, sequences_per_step and num_anchors must be positive")
         if self.step_offset < 0:
             raise ValueError(f"step_offset must be >= 0, got {self.step_offset}")
+        if self.checkpoint_every < 0 or not self.checkpoint_minutes >= 0:
+            raise ValueError(f"checkpoint_every and checkpoint_minutes must be 0 (off) or more, got "
+                             f"{self.checkpoint_every} and {self.checkpoint_minutes}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must lie in [0, 1), got {self.dropout}")
         if self.dropout and self.objective == "eagle3":
@@ -439,8 +448,8 @@ COMPILED_LENGTH_BUCKET = 64
 
 # A resumed run may change these: they set how often it evaluates and saves, and which (equivalent) loss kernel,
 # data-parallel engine or compiler runs, not which steps it takes.
-RESUME_FREE_SETTINGS = frozenset({"eval_every", "checkpoint_every", "loss_backend", "loss_chunk_rows", "parallel",
-                                  "compile"})
+RESUME_FREE_SETTINGS = frozenset({"eval_every", "checkpoint_every", "checkpoint_minutes", "loss_backend",
+                                  "loss_chunk_rows", "parallel", "compile"})
 
 
 def lr_factor(step: int, config: TrainConfig) -> float:
@@ -601,6 +610,7 @@ class Trainer:
     answer_tokens_seen: int = 0
     elapsed: float = 0.0
     loss_class: type[TrainingLoss] = TrainingLoss
+    resumed_from: Path | None = None
 
     def __post_init__(self):
         if self.config.objective == "dspark" and not self.drafter.config.enable_confidence_head:
@@ -799,7 +809,10 @@ class Trainer:
             self.history.append(first)
             if bar:
                 bar.set_postfix(tau_prob=f"{first['eval_tau_prob']:.2f}", acc1=f"{first['eval_accuracy'][0]:.2f}")
+        if progress and rank() == 0 and self.resumed_from is not None and self.step < self.config.steps:
+            print(f"resuming from {self.resumed_from} at step {self.step} of {self.config.steps}")
         start = time.perf_counter() - self.elapsed
+        last_checkpoint = time.perf_counter()
         tokens_before, seconds_before = self.answer_tokens_seen, self.elapsed  # this session's rate, not the run's
         while self.step < self.config.steps:
             row = self.train_step()
@@ -816,11 +829,25 @@ class Trainer:
                                  acc1=f"{evaluated['eval_accuracy'][0]:.2f}")
                 bar.set_postfix(**shown)
                 bar.update(1)
-            if output_dir and self.config.checkpoint_every and self.step % self.config.checkpoint_every == 0:
+            if output_dir and self._checkpoint_due(last_checkpoint):
                 self.save(output_dir)
+                last_checkpoint = time.perf_counter()
         if bar:
             bar.close()
         return self.history
+
+    def _checkpoint_due(self, last_checkpoint: float) -> bool:
+        """Whether the step just taken ends a checkpoint interval (``checkpoint_every`` steps or
+        ``checkpoint_minutes`` since ``last_checkpoint``); every rank gets rank 0's answer, since all take part."""
+        every, minutes = self.config.checkpoint_every, self.config.checkpoint_minutes
+        due = bool(every and self.step % every == 0) or bool(
+            minutes and time.perf_counter() - last_checkpoint >= 60 * minutes)
+        if minutes and world_size() > 1:  # clocks differ between ranks; the step count does not
+            flag = torch.tensor([float(due)], device=self.device if torch.distributed.get_backend() == "nccl"
+                                else "cpu")
+            torch.distributed.broadcast(flag, src=0)
+            due = bool(flag.item())
+        return due
 
     # -- checkpoints (safetensors + JSON, no pickle)
     def save(self, directory: str | os.PathLike) -> Path:
@@ -881,6 +908,7 @@ class Trainer:
         self.history = meta["history"]
         self.answer_tokens_seen = meta.get("answer_tokens_seen", 0)
         self.elapsed = meta.get("elapsed", 0.0)
+        self.resumed_from = directory
         return self
 
 
