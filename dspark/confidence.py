@@ -60,7 +60,8 @@ def confidence_survival(
         temperatures: ``[γ]`` STS temperatures (method.md §5.2); ``None`` means all 1.
 
     Returns:
-        ``(logits [R, γ], confidence [R, γ] = σ(logits / T), survival [R, γ] = cumprod(confidence))``.
+        ``(logits [R, γ], confidence [R, γ] = σ(logits / T), survival [R, γ] = cumprod(confidence))``, in
+        float32 for half-precision inputs (every backend accumulates in float32), float64 for float64 ones.
     """
     check_tensor("hidden", hidden, ndim=3, floating=True, finite=True)
     num_requests, gamma, hidden_size = hidden.shape
@@ -91,10 +92,11 @@ def confidence_survival(
         from dspark.kernels import confidence_survival as triton_confidence_survival
 
         return triton_confidence_survival(hidden, weight, bias, prev_ids, markov_w1, temperatures)
-    features = hidden if rank == 0 else torch.cat([hidden, markov_w1[prev_ids]], -1)
-    logits = (features @ weight.T).squeeze(-1)
+    compute = torch.promote_types(hidden.dtype, torch.float32)  # the kernel's accumulation, and its output dtype
+    features = hidden if rank == 0 else torch.cat([hidden, markov_w1[prev_ids].to(hidden.dtype)], -1)
+    logits = (features.to(compute) @ weight.to(compute).T).squeeze(-1)
     if bias is not None:
-        logits = logits + bias
+        logits = logits + bias.to(compute)
     scaled = logits if temperatures is None else logits / temperatures
     confidence = torch.sigmoid(scaled)
     return logits, confidence, confidence.cumprod(-1)

@@ -29,7 +29,12 @@ def sigmoid(x: float) -> float:
 
 
 def confidence_survival(hidden, weight, bias, prev_ids, markov_w1, temperatures):
-    """Logits, ``σ(z_k / T_k)`` and ``a_k = Π_{i≤k} c_i``, one request and one slot at a time."""
+    """Logits, ``σ(z_k / T_k)`` and ``a_k = Π_{i≤k} c_i``, one request and one slot at a time; float32 for
+    half-precision inputs (float64 stays float64)."""
+    compute = torch.promote_types(hidden.dtype, torch.float32)
+    hidden, weight = hidden.to(compute), weight.to(compute)
+    bias = None if bias is None else bias.to(compute)
+    markov_w1 = None if markov_w1 is None else markov_w1.to(compute)
     num_requests, gamma, hidden_size = hidden.shape
     rank = weight.shape[1] - hidden_size
     logits = torch.empty(num_requests, gamma, dtype=hidden.dtype)

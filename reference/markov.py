@@ -42,7 +42,14 @@ def teacher_forced_bias(weights, prev_ids: torch.Tensor, hidden: torch.Tensor) -
 def sample_block(
     base_logits, hidden, anchor_ids, uniforms, weights, *, temperature, top_k, top_p, draft_to_target=None
 ):
-    """Left-to-right block sampling, request by request, slot by slot (method.md §4.2)."""
+    """Left-to-right block sampling, request by request, slot by slot (method.md §4.2).
+
+    Half-precision inputs are computed, and their probabilities returned, in float32 (float64 stays float64)."""
+    compute = torch.promote_types(base_logits.dtype, torch.float32)
+    base_logits, hidden = base_logits.to(compute), hidden.to(compute)
+    if weights is not None:
+        weights = weights._replace(**{name: value.to(compute) for name, value in weights._asdict().items()
+                                      if isinstance(value, torch.Tensor) and value.is_floating_point()})
     num_requests, gamma, vocab = base_logits.shape
     tokens = torch.empty(num_requests, gamma, dtype=torch.long)
     probs = torch.empty(num_requests, gamma, vocab, dtype=base_logits.dtype)
