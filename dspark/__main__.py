@@ -39,7 +39,7 @@ def example() -> None:
 
 def _train_flags(args) -> dict:
     """The settings the ``train`` flags given set (they override the config file's, in every phase)."""
-    flags = {"objective": args.objective, "steps": args.steps, "num_prompts": args.prompts,
+    flags = {"objective": args.objective, "steps": args.steps, "num_prompts": args.num_prompts,
              "num_draft_layers": args.layers, "block_size": args.block_size, "precision": args.precision,
              "ce_weight": args.ce_weight, "l1_weight": args.l1_weight, "continue_from": args.continue_from,
              "features": args.features}
@@ -58,11 +58,38 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--per-domain", type=int, default=2, help="prompts per domain (math, code, chat)")
     demo.add_argument("--max-new-tokens", type=int, default=64)
     demo.add_argument("--drafter", default=None,
-                      help="a drafter directory (default: the one `train` wrote to the cache, else the shipped one)")
+                      help="a drafter directory, e.g. one `train` wrote (default: the one shipped in the package)")
     demo.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
                       help="the target's and drafter's dtype (default auto: bf16 where this machine runs it faster "
                            "than fp32, with invariant attention so outputs match exactly)")
-    train = sub.add_parser("train", help="train a drafter for the default target on the CPU (cached data)")
+    demo.add_argument("--target", default=None,
+                      help="a local Hugging Face model directory to decode with instead of the default target "
+                           "(give its drafter with --drafter)")
+    demo.add_argument("--gguf-file", default=None, help="with --target: a GGUF file inside that directory")
+    train = sub.add_parser("train", help="train a drafter: for your own model with --target and --prompts, else for "
+                                         "the default target by its recipe")
+    train.add_argument("--target", default=None,
+                       help="a local Hugging Face model directory (config, weights, tokenizer) to train a drafter for; "
+                            "without it, the default target (SmolLM2-135M-Instruct)")
+    train.add_argument("--gguf-file", default=None, help="with --target: a GGUF file inside that directory")
+    train.add_argument("--prompts", default=None,
+                       help="with --target: a prompt file (.jsonl of strings, {\"prompt\": ...} or {\"messages\": "
+                            "[...]}; .json list; or one prompt a line) or a packaged set: sharegpt, code, math")
+    train.add_argument("--plain-text", action="store_true",
+                       help="with --target: feed prompts as plain text, not through the chat template (base models)")
+    train.add_argument("--max-new-tokens", type=int, default=None, help="with --target: answer length (default 128)")
+    train.add_argument("--held-out", type=int, default=None,
+                       help="with --target: prompts kept out of training to measure τ_prob and calibrate STS "
+                            "(default a tenth, at most 48)")
+    train.add_argument("--draft-vocab", type=int, default=None,
+                       help="with --target: the drafter's vocabulary, the most frequent answer tokens (default: the "
+                            "target's up to 32,768 tokens, else 32,768)")
+    train.add_argument("--checkpoint-every", type=int, default=None,
+                       help="with --target: checkpoint every N steps (default 200)")
+    train.add_argument("--checkpoint-minutes", type=float, default=None,
+                       help="with --target: checkpoint at least every M minutes (default 10)")
+    train.add_argument("--keep-checkpoints", action="store_true",
+                       help="with --target: keep the last training checkpoint after the drafter is written")
     train.add_argument("--config", default=None,
                        help="a recipe: a JSON file of the settings its phases share (objective, num_draft_layers, "
                             "block_size, markov_rank, num_anchors, ...), its prompt pools and its phases (see "
@@ -73,10 +100,11 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("--objective", choices=["dspark", "dflash", "eagle3"], default=None, help="default dspark")
     train.add_argument("--layers", type=int, default=None, help="draft layers (default 2; eagle3: 1)")
     train.add_argument("--block-size", type=int, default=None, help="γ, the block (or chain) length (default 7)")
-    train.add_argument("--steps", type=int, default=None, help="default 4000")
-    train.add_argument("--prompts", type=int, default=None,
-                       help="size of the ShareGPT prompt pool (default: all, about 7,700); all of them are "
-                            "answered unless a config's corpus_samples keeps fewer (a prefix of a seeded shuffle)")
+    train.add_argument("--steps", type=int, default=None, help="default 4000; with --target 2000")
+    train.add_argument("--num-prompts", type=int, default=None,
+                       help="how many prompts to answer: with --target, of --prompts (default all); else the size of "
+                            "the ShareGPT pool (default: all, about 7,700), all answered unless a config's "
+                            "corpus_samples keeps fewer (a prefix of a seeded shuffle)")
     train.add_argument("--precision", choices=["auto", "bf16", "fp32"], default=None,
                        help="the answering target's and the training's dtype (default auto: bf16 where this "
                             "machine runs it faster than fp32)")
@@ -91,7 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("--features", choices=["eager", "lazy"], default=None,
                        help="eager (default): rebuild the features of every archived answer before training; lazy: "
                             "compute each when training first reads it, so a run pays only for what it reads")
-    train.add_argument("--output", default=None, help="default: the cache the demo reads")
+    train.add_argument("--output", default=None,
+                       help="where the drafter goes (required with --target; default for the default target: "
+                            "$DSPARK_CACHE/drafters/<run name>, announced at start)")
     answer = sub.add_parser("answer", help="answer more prompts of an extra pool into its answers archive, "
                                            "without training (a later `train` rebuilds them from the archive)")
     answer.add_argument("--pool", required=True, choices=GROWABLE_POOLS)
@@ -108,24 +138,25 @@ def main(argv: list[str] | None = None) -> int:
                               "held-out split (e.g. continuations of one drafter)")
     average.add_argument("--output", required=True)
     export = sub.add_parser("export", help="write a trained drafter in the speculators format vLLM serves")
-    export.add_argument("--drafter", default=None, help="dspark drafter directory (default: the demo's)")
+    export.add_argument("--drafter", default=None,
+                        help="dspark drafter directory for the default target (default: the shipped one)")
     export.add_argument("--out", required=True)
     export.add_argument("--verifier", default="HuggingFaceTB/SmolLM2-135M-Instruct",
                         help="the target as the serving engine should load it")
     export.add_argument("--architectures", nargs="+", default=["LlamaForCausalLM"])
     args = parser.parse_args(argv)
     if args.command == "export":
-        from dspark.checkpoint import default_drafter_dir, find_default_drafter, load_drafter
+        from dspark.checkpoint import load_drafter, shipped_drafter_dir
+        from dspark.export import SPECULATORS_VERSION
         from dspark.export import export as export_drafter
         from dspark.target import load_default_target
 
         target = load_default_target()
-        drafter = load_drafter(args.drafter, target) if args.drafter else find_default_drafter(target)
-        if drafter is None:
-            raise SystemExit(f"no trained drafter at {default_drafter_dir()}: run `python -m dspark train` first")
+        drafter = load_drafter(args.drafter or shipped_drafter_dir(), target)
         path = export_drafter(drafter, args.out, verifier_name_or_path=args.verifier,
                               verifier_architectures=args.architectures)
-        print(f"wrote {path}: serve it with `vllm serve {path}`")
+        print(f"wrote {path} in the speculators format (its config and tensors are what speculators "
+              f"{SPECULATORS_VERSION}'s DSpark classes read; dspark's tests check that round trip, not a vLLM server)")
         return 0
     if args.command == "answer":
         from dspark.pipeline import answer_pool
@@ -143,7 +174,17 @@ def main(argv: list[str] | None = None) -> int:
         path = average_drafters(args.drafters, args.output)
         print(f"wrote {path}")
         return 0
+    if args.command == "train" and args.target is not None:
+        return _train_for_target(args, parser)
     if args.command == "train":
+        only = [flag for flag, value in (("--prompts", args.prompts), ("--gguf-file", args.gguf_file),
+                                         ("--plain-text", args.plain_text), ("--max-new-tokens", args.max_new_tokens),
+                                         ("--held-out", args.held_out), ("--draft-vocab", args.draft_vocab),
+                                         ("--checkpoint-every", args.checkpoint_every),
+                                         ("--checkpoint-minutes", args.checkpoint_minutes),
+                                         ("--keep-checkpoints", args.keep_checkpoints)) if value]
+        if only:
+            parser.error(f"{', '.join(only)} apply to training for your own model: give it with --target")
         from dspark.checkpoint import default_drafter_dir
         from dspark.pipeline import loss_weights_suffix, train_default_drafter
         from dspark.recipe import load_recipe, run_recipe
@@ -163,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         name = f"smollm2-135m-instruct-{settings['objective']}" + \
             loss_weights_suffix(settings.get("ce_weight"), settings.get("l1_weight"))
         output = args.output or default_drafter_dir().with_name(name)
+        print(f"writing the drafter to {output}")
         tune_cpu_allocator()
         if args.config:
             path = run_recipe(args.config, output, arm=args.arm, overrides=flags)
@@ -175,7 +217,43 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from dspark.demo import demo as run_demo
 
-    return run_demo(args.per_domain, args.max_new_tokens, args.drafter, args.precision)
+    if args.gguf_file and not args.target:
+        parser.error("--gguf-file names a file inside --target's directory: give --target too")
+    if args.target and not args.drafter:
+        parser.error("--target decodes with a drafter trained for it: give it with --drafter")
+    return run_demo(args.per_domain, args.max_new_tokens, args.drafter, args.precision, target_path=args.target,
+                    gguf_file=args.gguf_file)
+
+
+# `train --target` flags the default recipe has and training for another target does not.
+RECIPE_ONLY = (("--config", "config"), ("--arm", "arm"), ("--ce-weight", "ce_weight"), ("--l1-weight", "l1_weight"),
+               ("--continue-from", "continue_from"), ("--features", "features"))
+
+
+def _train_for_target(args, parser) -> int:
+    """``train --target DIR --prompts FILE --output OUT``: :func:`dspark.any_target.train_for_target`."""
+    given = [flag for flag, name in RECIPE_ONLY if getattr(args, name) is not None]
+    if given:
+        parser.error(f"{', '.join(given)} belong to the default target's recipe, not to --target")
+    if args.prompts is None or args.output is None:
+        parser.error("--target needs --prompts (a prompt file or sharegpt, code, math) and --output")
+    from dspark.any_target import train_for_target
+    from dspark.training import tune_cpu_allocator
+
+    options = {"gguf_file": args.gguf_file, "plain_text": args.plain_text, "num_prompts": args.num_prompts,
+               "max_new_tokens": args.max_new_tokens, "objective": args.objective, "steps": args.steps,
+               "num_draft_layers": args.layers, "block_size": args.block_size, "draft_vocab_size": args.draft_vocab,
+               "held_out": args.held_out, "checkpoint_every": args.checkpoint_every,
+               "checkpoint_minutes": args.checkpoint_minutes, "precision": args.precision,
+               "keep_checkpoints": args.keep_checkpoints}
+    tune_cpu_allocator()
+    try:
+        path = train_for_target(args.target, args.prompts, args.output,
+                                **{k: v for k, v in options.items() if v is not None})
+    except ValueError as error:
+        raise SystemExit(f"dspark train: {error}") from error
+    print(f"wrote {path}: decode with it by `python -m dspark demo --target {args.target} --drafter {path}`")
+    return 0
 
 
 if __name__ == "__main__":

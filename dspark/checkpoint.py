@@ -80,6 +80,9 @@ def load_drafter(directory: str | os.PathLike, target=None, *, dtype: torch.dtyp
 
     meta = read_checkpoint_config(directory)
     config = DSparkConfig.from_dict(meta["dspark_config"])
+    if target is not None and (config.vocab_size, config.hidden_size) != (target.vocab_size, target.hidden_size):
+        raise ValueError(f"{directory} was trained for another target (vocabulary {config.vocab_size}, width "
+                         f"{config.hidden_size}; this target has {target.vocab_size} and {target.hidden_size})")
     architecture = meta.get("architecture", "dspark")
     if architecture == "eagle3":
         from dspark.eagle3 import Eagle3Drafter

