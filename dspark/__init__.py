@@ -9,6 +9,7 @@ from dspark.backend import resolve_backend
 from dspark.calibration import calibration_report, fit_sts
 from dspark.confidence import ConfidenceHead, confidence_survival, confidence_target
 from dspark.config import DSparkConfig, uniform_tap_layers
+from dspark.contract import VerifyOutput
 from dspark.drafter import DraftOutput, DSparkDrafter
 from dspark.export import export, load
 from dspark.markov import MarkovHead, MarkovWeights, sample_block, teacher_forced_bias
@@ -23,7 +24,7 @@ from dspark.scheduler import (
     allocate_top_k,
     schedule_greedy,
 )
-from dspark.verify import VerifyOutput, verify, verify_greedy
+from dspark.verify import verify, verify_greedy
 
 __version__ = "0.1.0"
 

@@ -14,9 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from dspark._checks import check_tensor
-
-ECE_BINS = 20
-PROB_CLAMP = 1e-8
+from dspark.contract import ECE_BINS, PROB_CLAMP
 
 
 def default_grid() -> torch.Tensor:

@@ -29,7 +29,8 @@ from dspark.drafter import DraftOutput
 from dspark.metrics import AcceptanceStats
 from dspark.sampling import sample_from_probs, warp_logits
 from dspark.scheduler import FixedLength, Scheduler, SPSTable
-from dspark.verify import VerifyOutput, verify, verify_greedy
+from dspark.contract import VerifyOutput
+from dspark.verify import verify, verify_greedy
 
 
 @dataclass

@@ -14,13 +14,12 @@ data-parallel training, the all-reduced Σ w of every rank, so gradients are tok
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 
 from dspark._checks import check_tensor, check_token_range, values_checked
 from dspark.backend import resolve_backend
+from dspark.contract import LossOutput
 
 CE_WEIGHT, L1_WEIGHT, CONFIDENCE_WEIGHT, DECAY = 0.1, 0.9, 1.0, 4.0
 
@@ -32,20 +31,6 @@ def position_weights(eval_mask: torch.Tensor, decay: float = DECAY) -> torch.Ten
     gamma = eval_mask.shape[-1]
     slots = torch.arange(gamma, device=eval_mask.device, dtype=torch.float64)
     return (torch.exp(-slots / decay) * eval_mask.double()).to(torch.float32)
-
-
-@dataclass
-class LossOutput:
-    """``loss`` (scalar, differentiable) and its parts, each ``Σ w·term / normalizer`` (detached).
-
-    ``acceptance [M]`` is c* per row, the analytic acceptance rate (detached).
-    """
-
-    loss: torch.Tensor
-    ce: torch.Tensor
-    l1: torch.Tensor
-    bce: torch.Tensor
-    acceptance: torch.Tensor
 
 
 def dspark_loss(

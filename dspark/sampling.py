@@ -21,11 +21,8 @@ import math
 import torch
 
 from dspark._checks import check_sampling, check_tensor, check_uniforms
+from dspark.contract import FIXED_POINT_ONE, MAX_ROW_MASS
 
-FIXED_POINT_BITS = 48
-FIXED_POINT_ONE = 1 << FIXED_POINT_BITS
-# Integer sums must stay below 2**53 (exact in float64, where the draw's threshold is formed).
-MAX_ROW_MASS = 2.0
 
 
 def fixed_point(probs: torch.Tensor) -> torch.Tensor:

@@ -165,7 +165,9 @@ def _ranked_groups(survival: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor):
     return requests, values, group, new_group
 
 
-def _bounds(survival, valid_len, min_len, max_len):
+def verify_length_bounds(survival, valid_len, min_len, max_len):
+    """``(lo [R], hi [R])``: the fewest and most drafted tokens each request may send, on the CPU. ``hi`` is γ
+    (``survival [R, γ]``), capped by ``valid_len [R]`` and ``max_len``; ``lo`` is ``min_len`` capped by ``hi``."""
     gamma = survival.shape[1]
     hi = torch.full((survival.shape[0],), gamma, dtype=torch.long) if valid_len is None else valid_len.long().cpu()
     if max_len is not None:
@@ -202,8 +204,8 @@ def schedule_greedy(
     if not isinstance(sps, SPSTable):
         raise ValueError(f"sps must be an SPSTable (SPSTable.from_latencies, .linear, .roofline or profile_sps), "
                          f"got {type(sps).__name__}")
-    lo, _ = _bounds(confidence, valid_len, min_len, max_len)
-    _check_capacity(base_tokens + confidence.shape[0] + int(lo.sum()), sps)  # every tier refuses alike
+    lo, _ = verify_length_bounds(confidence, valid_len, min_len, max_len)
+    check_sps_capacity(base_tokens + confidence.shape[0] + int(lo.sum()), sps)  # every tier refuses alike
     backend = resolve_backend(backend, confidence)
     if backend == "reference":
         from dspark.reference.scheduler import schedule_greedy as reference_schedule_greedy
@@ -218,7 +220,7 @@ def schedule_greedy(
     device = confidence.device
     survival = survival_of(confidence)
     num_requests = survival.shape[0]
-    lo, hi = _bounds(survival, valid_len, min_len, max_len)
+    lo, hi = verify_length_bounds(survival, valid_len, min_len, max_len)
     slots = torch.arange(1, survival.shape[1] + 1)
     tokens0 = base_tokens + num_requests + int(lo.sum())
     tau0 = num_requests + float((survival * (slots <= lo[:, None])).sum())
@@ -269,7 +271,7 @@ def allocate_top_k(
         return triton_allocate_top_k(confidence, budget, valid_len, min_len=min_len, max_len=max_len)
     device = confidence.device
     survival = survival_of(confidence)
-    lo, hi = _bounds(survival, valid_len, min_len, max_len)
+    lo, hi = verify_length_bounds(survival, valid_len, min_len, max_len)
     room = budget - int(lo.sum())
     requests, _, group, new_group = _ranked_groups(survival, lo, hi)
     if room <= 0 or requests.numel() == 0:
@@ -285,7 +287,7 @@ def allocate_top_k(
 def fixed_length(confidence: torch.Tensor, length: int, valid_len: torch.Tensor | None = None) -> torch.Tensor:
     """Baseline: every request sends ``min(length, valid_len)`` drafts."""
     _check_schedule_inputs(confidence, valid_len, 0, None, 0)
-    _, hi = _bounds(confidence, valid_len, 0, length)
+    _, hi = verify_length_bounds(confidence, valid_len, 0, length)
     return hi.to(confidence.device)
 
 
@@ -293,7 +295,7 @@ def threshold_length(confidence: torch.Tensor, threshold: float, valid_len: torc
     """Baseline (DeepSpec's threshold mode): truncate at the first slot whose conditional c_k < threshold."""
     _check_schedule_inputs(confidence, valid_len, 0, None, 0)
     passing = (confidence >= threshold).long().cumprod(-1).sum(-1)
-    _, hi = _bounds(confidence, valid_len, 0, None)
+    _, hi = verify_length_bounds(confidence, valid_len, 0, None)
     return passing.cpu().minimum(hi).to(confidence.device)
 
 
@@ -425,7 +427,8 @@ class ProductionScheduler(Scheduler):
         return allocate_top_k(confidence, k, valid_len, min_len=self.min_len, max_len=self.max_len)
 
 
-def _check_capacity(tokens: int, sps: SPSTable) -> None:
+def check_sps_capacity(tokens: int, sps: SPSTable) -> None:
+    """Refuse a verify pass whose ``tokens`` before any draft already exceed what the SPS table was profiled for."""
     if tokens > sps.max_tokens:
         raise ValueError(
             f"the verify pass needs {tokens} tokens before any draft (anchors, min_len and base tokens) but the "

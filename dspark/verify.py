@@ -13,45 +13,12 @@ An accepted EOS ends the request there: no correction and no bonus (method.md §
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from dspark._checks import check_tensor, check_token_range, check_uniforms
 from dspark.backend import resolve_backend
-from dspark.sampling import FIXED_POINT_ONE, fixed_point, sample_from_probs
-
-# Below this mass the residual max(0, p − q) is rounding noise: draw from p instead. A rejection happens
-# with probability TV(p, q) = residual mass, so the fallback moves the output distribution by < 1e-6.
-# The test compares the residual's fixed-point mass (dspark.sampling) with RESIDUAL_EPS_FIXED, so every
-# tier makes the same choice whatever order it sums in.
-RESIDUAL_EPS = 1e-6
-RESIDUAL_EPS_FIXED = int(RESIDUAL_EPS * FIXED_POINT_ONE)
-
-NOT_REACHED, REJECTED, ACCEPTED = -1, 0, 1
-
-
-@dataclass
-class VerifyOutput:
-    """Result of one verification round.
-
-    Attributes:
-        num_accepted: ``[R]`` accepted drafted tokens n (up to and including an accepted EOS).
-        outcome: ``[R, γ]`` int8 per slot: 1 accepted, 0 the rejected slot, −1 not reached or not verified.
-        next_token: ``[R]`` the correction or bonus token (the next anchor); −1 when an accepted EOS ended
-            the request.
-        committed: ``[R, γ+1]`` tokens to append, ``[x_1..x_n, next_token]``, padded with −1.
-        num_committed: ``[R]`` n + 1, or n when an accepted EOS ended the request (τ of the round).
-        finished: ``[R]`` bool: an EOS was accepted or emitted as the next token.
-    """
-
-    num_accepted: torch.Tensor
-    outcome: torch.Tensor
-    next_token: torch.Tensor
-    committed: torch.Tensor
-    num_committed: torch.Tensor
-    finished: torch.Tensor
-
+from dspark.contract import ACCEPTED, NOT_REACHED, REJECTED, RESIDUAL_EPS_FIXED, VerifyOutput
+from dspark.sampling import fixed_point, sample_from_probs
 
 def verify(
     draft_tokens: torch.Tensor,

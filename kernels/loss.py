@@ -29,7 +29,8 @@ import triton
 import triton.language as tl
 from dspark.kernels._tuning import empty_output, launch
 
-from dspark.loss import LossOutput, vocab_product
+from dspark.contract import LossOutput
+from dspark.loss import vocab_product
 
 CONFIGS = {
     "interpreter": [dict(BLOCK_V=16, num_warps=1, num_stages=1)],

@@ -21,7 +21,7 @@ import triton.language as tl
 from dspark.kernels._sampling import draw_in_tile, draw_threshold, find_tile, fixed_point, tile_mass
 from dspark.kernels._tuning import accumulator, empty_output, launch, select_config
 
-from dspark.verify import RESIDUAL_EPS_FIXED, VerifyOutput
+from dspark.contract import RESIDUAL_EPS_FIXED, VerifyOutput
 
 CONFIGS = {
     "interpreter": [dict(BLOCK_V=16, num_warps=1, num_stages=1)],

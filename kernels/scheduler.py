@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 from dspark.kernels._tuning import empty_output, launch, next_power_of_2
 
-from dspark.scheduler import _bounds, _check_capacity
+from dspark.scheduler import check_sps_capacity, verify_length_bounds
 
 MODE_EARLY_STOP, MODE_ARGMAX, MODE_TOP_K = 0, 1, 2
 
@@ -183,12 +183,12 @@ def _schedule_kernel(
 def _launch(confidence, mode, valid_len, min_len, max_len, *, sps=None, base_tokens=0, budget=0):
     num_requests, gamma = confidence.shape
     device = confidence.device
-    lo, hi = _bounds(confidence, valid_len, min_len, max_len)
+    lo, hi = verify_length_bounds(confidence, valid_len, min_len, max_len)
     out = empty_output(num_requests, dtype=torch.long, device=device)
     if num_requests == 0:
         return out
     if sps is not None:
-        _check_capacity(base_tokens + num_requests + int(lo.sum()), sps)
+        check_sps_capacity(base_tokens + num_requests + int(lo.sum()), sps)
         table, max_tokens = sps.sps.to(device), sps.max_tokens
     else:
         table, max_tokens = torch.ones(1, dtype=torch.float64, device=device), 0

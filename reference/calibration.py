@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from dspark.calibration import ECE_BINS, PROB_CLAMP
+from dspark.contract import ECE_BINS, PROB_CLAMP
 
 
 def ece(pred, label, bins=ECE_BINS):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from dspark.loss import LossOutput
+from dspark.contract import LossOutput
 
 
 def dspark_loss(hidden, lm_head, target_hidden, target_lm_head, labels, weights, markov_emb, markov_w2,

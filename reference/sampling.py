@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import torch
 
-from dspark.sampling import FIXED_POINT_ONE, top_p_threshold
+from dspark.contract import FIXED_POINT_ONE
 
 
 def warp_row(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None) -> torch.Tensor:
@@ -40,6 +41,12 @@ def warp_row(logits: torch.Tensor, temperature: float, top_k: int | None, top_p:
         total = sum(p for p, k in zip(probs, kept) if k)
         probs = [p / total if k else 0.0 for p, k in zip(probs, kept)]
     return torch.tensor(probs, dtype=logits.dtype)
+
+
+def top_p_threshold(top_p: float) -> int:
+    """``⌈top_p · 2^48⌉``, computed exactly with rationals: a token survives top-p iff the fixed-point mass of
+    strictly more probable tokens is below it."""
+    return math.ceil(Fraction(top_p) * FIXED_POINT_ONE)
 
 
 def fixed_point_mass(p: float) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from dspark.reference.sampling import fixed_point_mass, sample_row
 
-from dspark.verify import ACCEPTED, NOT_REACHED, REJECTED, RESIDUAL_EPS_FIXED, VerifyOutput
+from dspark.contract import ACCEPTED, NOT_REACHED, REJECTED, RESIDUAL_EPS_FIXED, VerifyOutput
 
 
 def verify(draft_tokens, draft_probs, target_probs, verify_len, accept_uniforms, final_uniforms, *, eos_token_id):
