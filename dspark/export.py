@@ -91,9 +91,17 @@ def speculators_config(drafter: DSparkDrafter, verifier_name_or_path: str, verif
     }
 
 
+def verifier_owned(drafter: DSparkDrafter) -> set[str]:
+    """The tensors a served drafter takes from its verifier, which speculators' own ``save_pretrained`` leaves out
+    of a checkpoint: the embedding always, and the LM head unless the draft vocabulary is reduced (a reduced head
+    is the verifier's rows of the draft vocabulary, stored as they are)."""
+    return {"embed_tokens.weight"} | (set() if drafter.reduced_vocab else {"lm_head.weight"})
+
+
 def export(drafter: DSparkDrafter, directory: str | os.PathLike, *, verifier_name_or_path: str,
            verifier_architectures: list[str], dtype: torch.dtype = torch.bfloat16) -> Path:
-    """Write a speculators checkpoint of ``drafter`` to ``directory`` (atomically).
+    """Write a speculators checkpoint of ``drafter`` to ``directory`` (atomically), without the tensors the
+    serving engine takes from the verifier (:func:`verifier_owned`), as speculators writes its own.
 
     Args:
         verifier_name_or_path: the target as the serving engine should load it (a hub id or a path).
@@ -112,7 +120,7 @@ def export(drafter: DSparkDrafter, directory: str | os.PathLike, *, verifier_nam
                       UserWarning, stacklevel=2)
     tensors = {}
     for name, value in drafter.state_dict().items():
-        if name in ("sts_temperatures", "draft_to_target"):
+        if name in ("sts_temperatures", "draft_to_target") or name in verifier_owned(drafter):
             continue
         tensors[name] = value.detach().to("cpu", dtype).contiguous() if value.is_floating_point() else value
     if drafter.reduced_vocab:

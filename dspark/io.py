@@ -42,13 +42,17 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
 def atomic_directory(path: str | os.PathLike):
     """Yield a temporary folder beside ``path``; on success it replaces ``path`` in one rename.
 
-    The folder ends with the mode ``mkdir`` would give it (0o777 less the umask)."""
+    The folder ends with the mode ``mkdir`` would give it (0o777 less the umask), and the files written into it
+    with the mode ``open`` would give them (some writers, safetensors among them, make files private)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
         os.chmod(tmp, _mode(0o777))
         yield tmp
+        for file in tmp.rglob("*"):
+            if file.is_file() and not file.is_symlink():
+                os.chmod(file, _mode(0o777 if os.access(file, os.X_OK) else 0o666))
         if path.exists():
             old = path.with_name(f".{path.name}.old")
             shutil.rmtree(old, ignore_errors=True)

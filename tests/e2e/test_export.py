@@ -44,7 +44,11 @@ def test_export_then_load_gives_identical_drafts(tmp_path, head, reduced):
             dspark.export(drafter, tmp_path, verifier_name_or_path="tiny", verifier_architectures=["LlamaForCausalLM"])
     else:
         dspark.export(drafter, tmp_path, verifier_name_or_path="tiny", verifier_architectures=["LlamaForCausalLM"])
-    loaded = dspark.load(tmp_path)
+    with pytest.raises(ValueError, match="verifier="):  # the export leaves the embedding to the verifier
+        dspark.load(tmp_path)
+    # The verifier's weights as the drafter holds them (rounded to bf16 above).
+    loaded = dspark.load(tmp_path, verifier=(target.embed_weight().bfloat16().float(),
+                                             target.lm_head_weight().bfloat16().float()))
     assert loaded.config == drafter.config
     a, b = _draft_outputs(drafter, target, [3, 9, 4, 1, 5]), _draft_outputs(loaded, target, [3, 9, 4, 1, 5])
     for name in ("tokens", "draft_probs", "confidence_logits", "confidence", "survival"):
@@ -68,9 +72,10 @@ def test_exported_config_has_the_speculators_keys(tmp_path):
     tensors = safetensors.torch.load_file(tmp_path / "model.safetensors")
     assert torch.equal(tensors["d2t"], d2t_offsets(drafter.draft_to_target))
     assert tensors["t2d"].dtype == torch.bool and int(tensors["t2d"].sum()) == 50
-    for name in ("fc.weight", "hidden_norm.weight", "norm.weight", "lm_head.weight", "embed_tokens.weight",
+    for name in ("fc.weight", "hidden_norm.weight", "norm.weight", "lm_head.weight",
                  "markov_head.markov_w1.weight", "markov_head.markov_w2.weight", "confidence_head.proj.weight"):
         assert name in tensors
+    assert "embed_tokens.weight" not in tensors  # the verifier's, as speculators' own checkpoints leave it
     assert tensors["lm_head.weight"].shape[0] == 50 and tensors["markov_head.markov_w1.weight"].shape[0] == 64
 
 
@@ -79,13 +84,13 @@ def test_dflash_checkpoint_loads_and_z_lab_layout_is_refused(tmp_path):
     dflash = drafter_for(target, markov_rank=0, enable_confidence_head=False)
     dspark.export(dflash, tmp_path / "dflash", verifier_name_or_path="t", verifier_architectures=["X"])
     assert json.loads((tmp_path / "dflash/config.json").read_text())["speculators_model_type"] == "dflash"
-    loaded = dspark.load(tmp_path / "dflash")
+    loaded = dspark.load(tmp_path / "dflash", verifier=target)
     assert not loaded.config.has_markov and not loaded.config.enable_confidence_head
     cfg = json.loads((tmp_path / "dflash/config.json").read_text())
     cfg["sample_from_anchor"] = False
     (tmp_path / "dflash/config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="z-lab"):
-        dspark.load(tmp_path / "dflash")
+        dspark.load(tmp_path / "dflash", verifier=target)
 
 
 def test_drafter_without_qk_norm_is_refused(tmp_path):
@@ -134,6 +139,7 @@ def test_round_trip_with_speculators_both_ways(tmp_path, reduced):
         pytest.fail("CI must provide DSPARK_SPECULATORS_PYTHON (see .ci/run)")
     target = tiny_target()
     drafter = randomize_(drafter_for(target, markov_rank=8, draft_vocab_size=40 if reduced else None), 5, std=0.3)
+    drafter.load_target_embeddings(target.embed_weight(), target.lm_head_weight())  # a served drafter's are these
     if reduced:
         counts = token_counts([torch.randint(0, 64, (500,), generator=torch.Generator().manual_seed(1))], 64)
         drafter.set_draft_vocab(build_draft_vocab(counts, 40), target.lm_head_weight())
@@ -192,10 +198,10 @@ def test_speculators_checkpoints_without_shared_weights_take_them_from_the_verif
         counts = token_counts([torch.randint(0, 64, (500,), generator=torch.Generator().manual_seed(1))], 64)
         drafter.set_draft_vocab(build_draft_vocab(counts, 40), target.lm_head_weight())
     dspark.export(drafter, tmp_path, verifier_name_or_path="t", verifier_architectures=["X"], dtype=torch.float32)
-    # What speculators' own save_pretrained writes: no embedding, no LM head (they come from the verifier).
+    # The export writes what speculators' own save_pretrained writes: no embedding, and an LM head only when the
+    # draft vocabulary is reduced.
     tensors = safetensors.torch.load_file(tmp_path / "model.safetensors")
-    del tensors["embed_tokens.weight"], tensors["lm_head.weight"]
-    safetensors.torch.save_file(tensors, tmp_path / "model.safetensors")
+    assert "embed_tokens.weight" not in tensors and ("lm_head.weight" in tensors) == reduced
     with pytest.raises(ValueError, match="verifier="):
         dspark.load(tmp_path)
     for verifier in (target, (target.embed_weight(), target.lm_head_weight())):
@@ -214,8 +220,8 @@ def test_rope_theta_is_read_from_rope_parameters_and_scaled_rope_is_refused(tmp_
     layer.pop("rope_theta")
     layer["rope_parameters"] = {"rope_type": "default", "rope_theta": 100000.0}  # transformers 5's form
     path.write_text(json.dumps(cfg))
-    assert dspark.load(tmp_path).config.rope_theta == 100000.0
+    assert dspark.load(tmp_path, verifier=target).config.rope_theta == 100000.0
     layer["rope_parameters"]["rope_type"] = "yarn"
     path.write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="RoPE type 'yarn'"):
-        dspark.load(tmp_path)
+        dspark.load(tmp_path, verifier=target)
