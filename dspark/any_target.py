@@ -176,8 +176,9 @@ def train_for_target(target_path: str | os.PathLike, prompts: str | os.PathLike,
         keep_checkpoints: keep ``OUT.work/checkpoint`` after the drafter is written (removed by default).
 
     The work directory ``OUT.work`` holds ``run.json`` (the target's description and every setting, written
-    before anything runs), the answered corpus (kept, so a rerun with more steps does not answer again) and the
-    training checkpoint. Returns ``output``.
+    before anything runs), the answered corpus (kept, so a rerun with more steps does not answer again), the
+    training checkpoint and, once training ends, ``history.json`` (every step's row; read it with
+    :meth:`dspark.training.History.read`). Returns ``output``.
     """
     from dspark.checkpoint import save_drafter
     from dspark.corpus import answered_corpus
@@ -262,6 +263,7 @@ def train_for_target(target_path: str | os.PathLike, prompts: str | os.PathLike,
         trainer.resume(checkpoint, target)
     trainer.fit(output_dir=checkpoint, progress=progress)
     clock["train"] = trainer.elapsed
+    atomic_write_text(work / "history.json", json.dumps(trainer.history) + "\n")  # dspark.training.History.read
 
     curve = [{k: row[k] for k in ("step", "answer_tokens_seen", "eval_tau_prob", "eval_accuracy")}
              for row in trainer.history if "eval_tau_prob" in row]

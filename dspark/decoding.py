@@ -90,9 +90,10 @@ class GenerationResult:
         """τ of each request: tokens committed by its rounds over its rounds (NaN if it took part in none)."""
         return [(len(t) - 1) / n if n else float("nan") for t, n in zip(self.tokens, self.request_rounds)]
 
-    def table(self) -> str:
-        """τ, acceptance by position (conditional and unconditional), tokens/s and the time split."""
-        from dspark.report import format_table
+    def table(self):
+        """τ, acceptance by position (conditional and unconditional), tokens/s and the time split, as a
+        :class:`dspark.report.Table` (``print`` it, ``display`` it, ``to_frame()`` it)."""
+        from dspark.report import Table
 
         row = {"tokens": self.new_tokens, "tps": self.tokens_per_second, **{k: v for k, v in self.timings.items()}}
         columns = [("tokens", "new tokens"), ("tps", "tokens/s")]
@@ -101,7 +102,10 @@ class GenerationResult:
                        uncond=self.stats.unconditional.tolist())
             columns += [("tau", "τ"), ("cond", "acceptance | prefix accepted"), ("uncond", "acceptance, unconditional")]
         columns += [(k, f"{k} s") for k in self.timings]
-        return format_table([row], columns)
+        return Table([row], columns, title=f"{len(self.tokens)} request(s), {self.seconds:.2f} s")
+
+    def _repr_html_(self) -> str:
+        return self.table()._repr_html_()
 
     def summary(self) -> dict:
         out = {"new_tokens": self.new_tokens, "seconds": self.seconds, "tokens_per_second": self.tokens_per_second,

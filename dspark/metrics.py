@@ -127,3 +127,56 @@ class AcceptanceStats:
             "drafted_blocks": self.drafted,
             "draft_repeat_rate": self.repeat_rate.tolist(),
         }
+
+    @property
+    def verify_length_counts(self) -> torch.Tensor:
+        """``[γ + 1]`` rounds that sent 0, 1, …, γ drafted tokens to the target (the scheduler's choices)."""
+        at_least = torch.cat([torch.tensor([self.rounds]), self.proposed, torch.zeros(1, dtype=torch.long)])
+        return at_least[:-1] - at_least[1:]
+
+    def rows(self) -> list[dict]:
+        """One dict per slot k = 1…γ: rounds that verified it with its prefix accepted (``reached``), that accepted
+        it, and the conditional and unconditional acceptance (NaN where no round got there)."""
+        repeat = self.repeat_rate.tolist() + [math.nan]
+        return [{"slot": k + 1, "reached": int(self.reached[k]), "accepted": int(self.accepted_at[k]),
+                 "conditional": float(self.conditional[k]), "unconditional": float(self.unconditional[k]),
+                 "repeat_next": repeat[k]} for k in range(self.block_size)]
+
+    def table(self):
+        """Acceptance by slot as a :class:`dspark.report.Table` (``print`` it, ``display`` it, ``to_frame()`` it)."""
+        from dspark.report import Table
+
+        title = (f"{self.rounds} rounds, τ {self.tau:.3f} (tokens committed per target pass), "
+                 f"{self.accepted} drafted tokens accepted")
+        return Table(self.rows(), [("slot", "slot"), ("reached", "verified, prefix accepted"),
+                                   ("accepted", "accepted"), ("conditional", "P(accept | prefix)"),
+                                   ("unconditional", "P(accept | verified)"),
+                                   ("repeat_next", "next slot repeats token")], title=title)
+
+    def _repr_html_(self) -> str:
+        return self.table()._repr_html_()
+
+    def plot(self, ax=None):
+        """Conditional and unconditional acceptance by slot (the paper's Figure 2 for these rounds); returns the
+        matplotlib axes."""
+        import matplotlib.pyplot as plt
+
+        ax = ax if ax is not None else plt.subplots(figsize=(5, 3))[1]
+        slots = list(range(1, self.block_size + 1))
+        ax.plot(slots, self.conditional.tolist(), "o-", label="given the prefix was accepted")
+        ax.plot(slots, self.unconditional.tolist(), "s--", label="given the slot was verified")
+        ax.set(xlabel="drafted slot k", ylabel="acceptance", ylim=(0, 1.02), xticks=slots,
+               title=f"acceptance by slot (τ = {self.tau:.2f}, {self.rounds} rounds)")
+        ax.legend(fontsize="small")
+        return ax
+
+    def plot_verify_lengths(self, ax=None):
+        """How many drafted tokens the scheduler sent per round, as a bar chart; returns the matplotlib axes."""
+        import matplotlib.pyplot as plt
+
+        ax = ax if ax is not None else plt.subplots(figsize=(5, 3))[1]
+        counts = self.verify_length_counts.tolist()
+        ax.bar(range(len(counts)), counts)
+        ax.set(xlabel="drafted tokens sent to the target", ylabel="rounds", xticks=list(range(len(counts))),
+               title="verify lengths the scheduler chose")
+        return ax
