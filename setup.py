@@ -29,7 +29,9 @@ setup(
         "hf": HF,
         # The streamed-features connector's second transport; needs the libibverbs1 system library.
         "mooncake": MOONCAKE,
-        "dev": HF + MOONCAKE + ["pytest>=8", "hypothesis>=6.100", "pytest-benchmark>=4.0", "matplotlib>=3.7"],
+        # Notebooks: nbclient runs them in tests; ipywidgets lets tqdm.auto draw its bars in a notebook.
+        "dev": HF + MOONCAKE + ["pytest>=8", "hypothesis>=6.100", "pytest-benchmark>=4.0", "matplotlib>=3.7",
+                                "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29", "ipywidgets>=8.1"],
     },
     entry_points={"console_scripts": ["dspark=dspark.__main__:main"]},
 )
