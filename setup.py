@@ -17,7 +17,7 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=["dspark", "dspark.reference", "dspark.kernels"],
+    packages=["dspark", "dspark.files", "dspark.runtime", "dspark.train", "dspark.reference", "dspark.kernels"],
     package_dir={"dspark": "dspark", "dspark.reference": "reference", "dspark.kernels": "kernels"},
     # The trained DSpark drafter for the default target (16 MB, bf16, without the target's shared weights), and the
     # standard-library code prompts its training pools read (load_code_prompts).

@@ -29,7 +29,7 @@ step cheap), ordered and split as the recipe orders and splits its corpus: the l
 that order are held out. Features are rebuilt into the recipe's corpus cache (shared with ``train``).
 Runs go two at a time on one thread each (``--jobs``), in fp32 (on CPUs without fast bf16 units fp32 is
 the faster of the two; the variants compare with each other, not with the recipe's run). Features come from
-the target in :func:`dspark.training.fastest_precision` on this machine, and the result records which.
+the target in :func:`dspark.runtime.machine.fastest_precision` on this machine, and the result records which.
 
     python benchmarks/bench_ablations.py [--study ablations|objectives] [--steps 250] [--sequences 1056]
                                          [--out benchmarks/results]
@@ -69,7 +69,7 @@ STUDIES = {
 
 def select(sequences: int, held_out: int) -> dict:
     """Prompt keys of the ``sequences`` shortest answered sequences, in corpus order, split train / held out."""
-    from dspark.corpus import corpus_order, load_answers
+    from dspark.train.corpus import corpus_order, load_answers
 
     answers = load_answers(_archive())
     shortest = sorted(range(len(answers.keys)), key=lambda i: len(answers.sequences[i]))[:sequences]
@@ -85,21 +85,21 @@ def _archive() -> Path:
 
 
 def _prompts():
-    from dspark.data import load_training_prompts
+    from dspark.train.pools import load_training_prompts
 
     return load_training_prompts(None)
 
 
 def _corpus_dir(precision: str) -> Path:
-    from dspark.pipeline import recipe_corpus_dir
-    from dspark.target import cache_root
+    from dspark.runtime.target import cache_root
+    from dspark.train.pipeline import recipe_corpus_dir
 
     return recipe_corpus_dir(cache_root() / "training", precision, 192)
 
 
 def rebuild(keys: list[int], precision: str) -> None:
-    from dspark.corpus import rebuild_corpus
-    from dspark.target import load_default_target
+    from dspark.runtime.target import load_default_target
+    from dspark.train.corpus import rebuild_corpus
 
     target = load_default_target(dtype=torch.bfloat16 if precision == "bf16" else torch.float32)
     rebuild_corpus(target, _prompts(), _archive(), _corpus_dir(precision), max_new_tokens=192, keys=keys,
@@ -110,11 +110,13 @@ def run_variant(name: str, split: dict, steps: int, eval_every: int, features: s
     """Train one variant in this process (one thread) and return its held-out curve."""
     import torch.nn.functional as F
 
-    from dspark.corpus import load_corpus
     from dspark.drafter import DSparkDrafter
     from dspark.loss import dspark_loss
-    from dspark.target import load_default_target
-    from dspark.training import OfflineFeatures, TrainConfig, Trainer, TrainingLoss, tune_cpu_allocator
+    from dspark.runtime.machine import tune_cpu_allocator
+    from dspark.runtime.target import load_default_target
+    from dspark.train.corpus import load_corpus
+    from dspark.train.features import OfflineFeatures
+    from dspark.train.trainer import TrainConfig, Trainer, TrainingLoss
     from dspark.vocab import build_draft_vocab, token_counts
 
     settings = {"objective": "dspark", "seed": 0, "lr": 1e-3, "tap_rms": False, "hidden_weight": 0.0,
@@ -212,7 +214,7 @@ def main(argv=None) -> int:
     if args.worker:
         print(json.dumps(run_variant(args.worker, split, args.steps, args.eval_every, args.features)))
         return 0
-    from dspark.training import fastest_precision
+    from dspark.runtime.machine import fastest_precision
 
     features = fastest_precision("cpu")
     rebuild(split["train"] + split["held_out"], features)

@@ -35,11 +35,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.environment import write_result  # noqa: E402
 from benchmarks.trained import equal_budget_drafters, trained_drafters  # noqa: E402
-from dspark.checkpoint import load_drafter  # noqa: E402
-from dspark.data import DOMAINS, load_prompts  # noqa: E402
-from dspark.decoding import SamplingConfig, speculative_generate  # noqa: E402
+from dspark.files.checkpoint import load_drafter  # noqa: E402
+from dspark.runtime.decoding import SamplingConfig, speculative_generate  # noqa: E402
+from dspark.runtime.prompts import DOMAINS, load_prompts  # noqa: E402
+from dspark.runtime.target import load_default_target  # noqa: E402
 from dspark.scheduler import FixedLength  # noqa: E402
-from dspark.target import load_default_target  # noqa: E402
 
 
 def _repeat_rate(outputs: list[list[int]]) -> float:

@@ -5,7 +5,7 @@ The trained drafter decodes held-out prompts greedily with every slot verified (
 ``--offset``, and held-out ShareGPT prompts: the last of the recipe's pool, which training evaluates on), with the
 fp32 target, so that decoding's cached context and one full forward over the decoded text differ only by
 rounding. Every drafted block is recorded, then the drafter is teacher-forced over the decoded text
-(``dspark.training.teacher_forced_tokens``). Reported per group:
+(``dspark.train.features.teacher_forced_tokens``). Reported per group:
 
 * ``agreement``: the share of drafted slots equal to teacher forcing's argmax at the same anchor, fed the drafted
   tokens before them. 1 means decoding drafts exactly what training scores.
@@ -33,13 +33,14 @@ from tqdm.auto import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.environment import write_result  # noqa: E402
-from dspark.checkpoint import find_default_drafter  # noqa: E402
-from dspark.corpus import corpus_order  # noqa: E402
-from dspark.data import DOMAINS, load_prompts, load_training_prompts  # noqa: E402
-from dspark.decoding import SamplingConfig, SpeculativeDecoder  # noqa: E402
 from dspark.demo import describe_drafter  # noqa: E402
-from dspark.target import load_default_target  # noqa: E402
-from dspark.training import target_features, teacher_forced_tokens  # noqa: E402
+from dspark.files.checkpoint import find_default_drafter  # noqa: E402
+from dspark.runtime.decoding import SamplingConfig, SpeculativeDecoder  # noqa: E402
+from dspark.runtime.prompts import DOMAINS, load_prompts  # noqa: E402
+from dspark.runtime.target import load_default_target  # noqa: E402
+from dspark.train.corpus import corpus_order  # noqa: E402
+from dspark.train.features import target_features, teacher_forced_tokens  # noqa: E402
+from dspark.train.pools import load_training_prompts
 
 HELD_OUT = 48  # the recipe's held-out sequences: the last of its pool in corpus order
 

@@ -24,18 +24,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.environment import write_result  # noqa: E402
 from dspark.calibration import (  # noqa: E402
-    ECE_BINS,
     calibration_report,
     fit_sts,
     prefix_labels,
     reliability_bins,
     survival_from_logits,
 )
-from dspark.checkpoint import find_default_drafter  # noqa: E402
-from dspark.data import DOMAINS, load_prompts  # noqa: E402
-from dspark.decoding import SamplingConfig, SpeculativeDecoder  # noqa: E402
+from dspark.contract import ECE_BINS  # noqa: E402
+from dspark.files.checkpoint import find_default_drafter  # noqa: E402
+from dspark.runtime.decoding import SamplingConfig, SpeculativeDecoder  # noqa: E402
+from dspark.runtime.prompts import DOMAINS, load_prompts  # noqa: E402
+from dspark.runtime.target import load_default_target  # noqa: E402
 from dspark.scheduler import FixedLength  # noqa: E402
-from dspark.target import load_default_target  # noqa: E402
 
 
 def record_rounds(target, drafter, prompts: list[list[int]], max_new_tokens: int, seed: int):

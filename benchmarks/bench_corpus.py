@@ -36,8 +36,8 @@ from benchmarks.environment import write_result  # noqa: E402
 
 def feature_error(first: Path, second: Path, target) -> dict:
     """Largest and mean absolute difference of the two corpora's features, relative to the features' RMS."""
-    from dspark.corpus import load_corpus
-    from dspark.training import OfflineFeatures
+    from dspark.train.corpus import load_corpus
+    from dspark.train.features import OfflineFeatures
 
     sources = [OfflineFeatures(d, target.tap_layers, target.hidden_size) for d in (first, second)]
     largest, total, squares, count = 0.0, 0.0, 0.0, 0
@@ -56,7 +56,7 @@ def feature_error(first: Path, second: Path, target) -> dict:
 
 def answer_batch_sizes(target, prompts: list[str], args) -> dict:
     """Answering tokens/s at each of ``args.batch_sizes`` on the first ``args.prompts`` of the shuffled order."""
-    from dspark.corpus import build_corpus
+    from dspark.train.corpus import build_corpus
 
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
@@ -82,8 +82,8 @@ def lazy_against_rebuild(target, prompts: list[str], args) -> dict:
     against computing each on first read, ``args.repeats`` interleaved pairs, and how far the two disagree."""
     import time
 
-    from dspark.corpus import corpus_order, load_answers, rebuild_corpus
-    from dspark.training import OfflineFeatures
+    from dspark.train.corpus import corpus_order, load_answers, rebuild_corpus
+    from dspark.train.features import OfflineFeatures
 
     archive = Path(__file__).resolve().parent / "recipes" / "smollm2_drafter.answers.npz"
     keys = corpus_order(len(prompts))[: args.prompts]
@@ -142,9 +142,9 @@ def main(argv=None) -> int:
         raise SystemExit("--batch-sizes must be positive")
     if args.group < 1:
         raise SystemExit("--group must be positive")
-    from dspark.corpus import build_corpus, rebuild_corpus, save_answers
-    from dspark.data import load_training_prompts
-    from dspark.target import load_default_target
+    from dspark.runtime.target import load_default_target
+    from dspark.train.corpus import build_corpus, rebuild_corpus, save_answers
+    from dspark.train.pools import load_training_prompts
 
     prompts = load_training_prompts()
     target = load_default_target(dtype=torch.bfloat16)

@@ -1,21 +1,21 @@
 """Speculative vs target-only decoding with the default target, batch 1 and 4, static and continuous, in one run.
 
 Greedy decoding of held-out real prompts (math, code, chat) with SmolLM2-135M-Instruct; the drafter is ``--drafter
-PATH``, else the trained one when available (``dspark.checkpoint.find_default_drafter``), else an untrained one, and
-the result says which. Speculative decoding runs twice per batch: verifying every drafted slot, and with Algorithm 1
+PATH``, else the trained one when available (``dspark.files.checkpoint.find_default_drafter``), else an untrained one,
+and the result says which. Speculative decoding runs twice per batch: verifying every drafted slot, and with Algorithm 1
 (with the demo's back-off) on a verify-latency profile taken at that batch, as an engine would at start-up; that
-profiling also keeps the fastest layout of few-row products on this CPU (``dspark.decoding.choose_few_row_layout``),
-for all three modes. The target and drafter run in ``--precision`` (default auto: bf16 where this CPU multiplies
-bf16 faster, with invariant attention, ``dspark.invariant``). A bf16 run also times the fp32 target alone on the
-same prompts, in the same rotation, so that its speedup can be read against fp32 plain decoding as well
-(``fp32_target_only_tokens_per_s``; those outputs differ by bf16 rounding and are not compared). The modes take
-turns, chunk of prompts by chunk. Batch 4 runs twice: in static chunks of 4 prompts, where a chunk's last rounds
-run with the requests that have not finished yet, and with continuous batching (``max_batch=4``: a finished request
-hands its place to the next prompt, as a serving engine keeps its batch full), where each mode decodes all the
-prompts twice, in mirrored order (``batching`` in each row says which). Reports tokens/s of both modes, their
-ratio, τ and per-position acceptance, what a round costs in units of one plain target step at the same batch (draft,
-schedule, the verify pass's forward, verification with its cache updates, bookkeeping), the profile, and checks
-the outputs are identical. Writes
+profiling also keeps the fastest layout of few-row products on this CPU
+(``dspark.runtime.decoding.choose_few_row_layout``), for all three modes. The target and drafter run in
+``--precision`` (default auto: bf16 where this CPU multiplies bf16 faster, with invariant attention,
+``dspark.runtime.invariant``). A bf16 run also times the fp32 target alone on the same prompts, in the same rotation,
+so that its speedup can be read against fp32 plain decoding as well (``fp32_target_only_tokens_per_s``; those outputs
+differ by bf16 rounding and are not compared). The modes take turns, chunk of prompts by chunk. Batch 4 runs twice: in
+static chunks of 4 prompts, where a chunk's last rounds run with the requests that have not finished yet, and with
+continuous batching (``max_batch=4``: a finished request hands its place to the next prompt, as a serving engine keeps
+its batch full), where each mode decodes all the prompts twice, in mirrored order (``batching`` in each row says
+which). Reports tokens/s of both modes, their ratio, τ and per-position acceptance, what a round costs in units of one
+plain target step at the same batch (draft, schedule, the verify pass's forward, verification with its cache updates,
+bookkeeping), the profile, and checks the outputs are identical. Writes
 ``e2e_cpu.json`` (or ``_gpu``; ``--tag NAME`` appends ``_NAME``, to keep another drafter's or machine's run apart
 from the one the paper reads).
 
@@ -35,10 +35,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.environment import write_result  # noqa: E402
-from dspark.data import load_prompt_mix  # noqa: E402
-from dspark.decoding import SamplingConfig, choose_few_row_layout, generate, speculative_generate  # noqa: E402
 from dspark.demo import BACKOFF, load_demo_drafter, load_demo_target  # noqa: E402
 from dspark.linear import describe_layout, skinny_layout, skinny_rows  # noqa: E402
+from dspark.runtime.decoding import SamplingConfig, choose_few_row_layout, generate, speculative_generate  # noqa: E402
+from dspark.runtime.prompts import load_prompt_mix  # noqa: E402
 from dspark.scheduler import FixedLength, PrefixScheduler  # noqa: E402
 
 

@@ -1,6 +1,6 @@
 """How much better a trained drafter predicts the sequences it trained on than held-out ones.
 
-Training's held-out evaluation (τ_prob, CE and L1 at fixed anchors, as :meth:`dspark.training.Trainer.evaluate`)
+Training's held-out evaluation (τ_prob, CE and L1 at fixed anchors, as :meth:`dspark.train.trainer.Trainer.evaluate`)
 is run on the recipe's ShareGPT corpus and pools: the held-out sequences (the highest prompt indices, which
 training evaluates on), ``--samples`` training sequences spread evenly over the rest, and the first ``--samples``
 of each extra prompt pool the drafter trained on (all of which train). A large gap between the first two means
@@ -30,10 +30,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.environment import write_result  # noqa: E402
-from dspark.checkpoint import load_drafter, read_checkpoint_config, shipped_drafter_dir  # noqa: E402
-from dspark.corpus import corpus_order, load_answers, load_corpus, sample_path  # noqa: E402
-from dspark.data import held_out_followups, load_training_prompts  # noqa: E402
-from dspark.pipeline import (  # noqa: E402
+from dspark.files.checkpoint import load_drafter, read_checkpoint_config, shipped_drafter_dir  # noqa: E402
+from dspark.runtime.target import load_default_target  # noqa: E402
+from dspark.train.corpus import corpus_order, load_answers, load_corpus, sample_path  # noqa: E402
+from dspark.train.features import OfflineFeatures  # noqa: E402
+from dspark.train.pipeline import (  # noqa: E402
     code2_corpus_dir,
     code_corpus_dir,
     followup_corpus_dir,
@@ -43,8 +44,8 @@ from dspark.pipeline import (  # noqa: E402
     recipe_sharegpt_split,
     sampled_corpus_dir,
 )
-from dspark.target import load_default_target  # noqa: E402
-from dspark.training import OfflineFeatures, TrainConfig, Trainer  # noqa: E402
+from dspark.train.pools import held_out_followups, load_training_prompts  # noqa: E402
+from dspark.train.trainer import TrainConfig, Trainer
 
 # Each extra pool's corpus, from the ShareGPT corpus's directory and the drafter's training arguments.
 POOLS = {"code": lambda d, _: code_corpus_dir(d), "math": lambda d, _: math_corpus_dir(d),

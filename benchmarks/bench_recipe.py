@@ -36,10 +36,11 @@ def main(argv=None) -> int:
                         help="pool prompts answered here, beside batch-1 generation (default: one batch of 64)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    from dspark.corpus import build_corpus, load_corpus
-    from dspark.data import load_prompt_mix, load_training_prompts
-    from dspark.decoding import SamplingConfig, generate
-    from dspark.pipeline import (
+    from dspark.runtime.decoding import SamplingConfig, generate
+    from dspark.runtime.prompts import load_prompt_mix
+    from dspark.runtime.target import cache_root, load_default_target
+    from dspark.train.corpus import build_corpus, load_corpus
+    from dspark.train.pipeline import (
         code2_corpus_dir,
         code_corpus_dir,
         followup_corpus_dir,
@@ -47,7 +48,7 @@ def main(argv=None) -> int:
         math3_corpus_dir,
         math_corpus_dir,
     )
-    from dspark.target import cache_root, load_default_target
+    from dspark.train.pools import load_training_prompts
 
     recipe = json.loads(args.recipe.read_text(encoding="utf-8"))
     arms = {}
@@ -117,7 +118,7 @@ def main(argv=None) -> int:
 def pool_corpus(directory: Path) -> dict | None:
     """What an extra prompt pool's corpus (code or word problems) at ``directory`` holds and what answering it
     took, or None."""
-    from dspark.corpus import load_corpus
+    from dspark.train.corpus import load_corpus
 
     if not (directory / "corpus.json").exists():
         return None

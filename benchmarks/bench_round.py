@@ -29,10 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_sps import random_model  # noqa: E402
 from benchmarks.environment import write_result  # noqa: E402
-from dspark.decoding import SamplingConfig, generate, speculative_generate  # noqa: E402
 from dspark.drafter import DSparkDrafter  # noqa: E402
+from dspark.runtime.decoding import SamplingConfig, generate, speculative_generate  # noqa: E402
+from dspark.runtime.target import TargetModel  # noqa: E402
 from dspark.scheduler import FixedLength  # noqa: E402
-from dspark.target import TargetModel  # noqa: E402
 
 PARTS = ("draft", "schedule", "target", "verify", "bookkeeping")
 

@@ -10,9 +10,9 @@ KV cache of ``--context`` tokens. Each step runs the target's forward in eager H
   ``dspark.linear`` can give few-row products on CPU (``(W · xᵀ)ᵀ``; MKL-packed weights from 2 rows and from 4
   rows, where torch has MKL) and with ``F.linear`` everywhere, passes alternating, so each machine's results
   show what each layout is worth there. Where oneDNN runs bf16 on this CPU, the same target in bf16 follows, up
-  to 64 tokens (the batches CPU decoding uses), with invariant attention (``dspark.invariant``) and oneDNN-packed
-  weights or ``F.linear`` (both in calls of at most 32 rows, as ``dspark.linear`` runs bf16), and with packed
-  weights and stock attention, which tells what invariance costs.
+  to 64 tokens (the batches CPU decoding uses), with invariant attention (``dspark.runtime.invariant``) and
+  oneDNN-packed weights or ``F.linear`` (both in calls of at most 32 rows, as ``dspark.linear`` runs bf16), and with
+  packed weights and stock attention, which tells what invariance costs.
 * ``--device cuda``: random-weight bf16 models of two architectures, SmolLM2-135M and Qwen3-8B (the
   paper's scale). Latency does not depend on weight values, so random weights measure the real curve.
 
@@ -130,7 +130,7 @@ def main() -> None:
     torch.manual_seed(0)
     profiles = []
     if args.device == "cpu":
-        from dspark.target import load_default_target
+        from dspark.runtime.target import load_default_target
 
         context, repeats = args.context or 256, args.repeats or 5
         target = load_default_target()
@@ -144,7 +144,7 @@ def main() -> None:
                              "context": context, "linear_layout": name, "skinny_rows": skinny_rows,
                              "skinny_layout": skinny_layout, "min_rows": min_rows, "rows": rows})
         if packed_layout_available(torch.bfloat16):
-            from dspark import invariant
+            from dspark.runtime import invariant
 
             del target
             target = load_default_target(dtype=torch.bfloat16, invariant_attention=True)

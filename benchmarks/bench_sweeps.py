@@ -27,8 +27,8 @@ POINTS = [("depth", 1, 7), ("depth", 2, 7), ("depth", 3, 7), ("block", 1, 3), ("
 
 
 def run(steps: int, objectives: list[str], seeds: list[int], out: Path | None) -> Path:
-    from dspark.pipeline import train_default_drafter
-    from dspark.target import cache_root
+    from dspark.runtime.target import cache_root
+    from dspark.train.pipeline import train_default_drafter
 
     rows = []
     path = None

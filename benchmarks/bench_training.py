@@ -1,7 +1,7 @@
 """Peak training memory and tokens/s: the plain loss against the chunked and the fused (Triton) loss.
 
 Each variant trains the same drafter on the same synthetic features (random target hidden states of the
-right shapes: speed and memory do not depend on their values) for a few :class:`dspark.training.Trainer`
+right shapes: speed and memory do not depend on their values) for a few :class:`dspark.train.trainer.Trainer`
 steps, in a fresh process so that peaks do not mix:
 
 * ``plain``: the PyTorch loss with every ``[rows, V]`` fp32 logit tensor alive at once;
@@ -11,7 +11,7 @@ steps, in a fresh process so that peaks do not mix:
   variants run in ``precision="auto"``: fp32 on a CPU, bf16 autocast on a GPU);
 * ``bf16-vocab``: ``bf16`` with a reduced draft vocabulary of ``--draft-vocab`` tokens (the CPU recipe);
 * ``recipe``: ``bf16-vocab`` as ``python -m dspark train`` runs it, after
-  :func:`dspark.training.tune_cpu_allocator` (speed runs only; its memory run keeps the default allocator).
+  :func:`dspark.runtime.machine.tune_cpu_allocator` (speed runs only; its memory run keeps the default allocator).
 
 Peak memory is the process's peak resident set on the CPU (``ru_maxrss``, measured above what it held
 before the first step) and ``torch.cuda.max_memory_allocated`` above the same baseline on a GPU.
@@ -105,7 +105,9 @@ def measure(variant: str, scale: str, device: str, steps: int, chunk_rows: int, 
     ``compiled``: ``torch.compile``'s kernels are not ATen ops); with ``precision``, that precision instead of
     the variant's."""
     from dspark import DSparkConfig, DSparkDrafter
-    from dspark.training import Sample, TrainConfig, Trainer, tune_cpu_allocator
+    from dspark.runtime.machine import tune_cpu_allocator
+    from dspark.train.samples import Sample
+    from dspark.train.trainer import TrainConfig, Trainer
 
     if variant == "recipe" and device == "cpu" and not memory_run:
         tune_cpu_allocator()
@@ -182,7 +184,7 @@ def run_child(cmd: list[str], env: dict[str, str]) -> dict:
 def batching_study(args) -> None:
     """Ops per step and block slots/s against sequences per step at the recipe shape: this checkout, the
     ``--baseline`` checkout (the per-sequence step), and this checkout under torchrun with 2 gloo ranks."""
-    from dspark.training import fastest_precision
+    from dspark.runtime.machine import fastest_precision
 
     checkouts = {"batched": str(ROOT), **({"per-sequence": str(args.baseline)} if args.baseline else {})}
     # The recipe's precision as `python -m dspark train` resolves it here (bf16 is emulated on AVX2-only CPUs).

@@ -55,7 +55,7 @@ def _commit() -> str:
     # A copy of the tree without .git (the lent GPU machine) is told its commit through the environment.
     if os.environ.get("DSPARK_COMMIT"):
         return os.environ["DSPARK_COMMIT"]
-    from dspark.training import source_commit
+    from dspark.train.trainer import source_commit
 
     return source_commit()
 
@@ -65,7 +65,7 @@ def scratch_results() -> Path:
     tracked ``benchmarks/results/`` (what the paper is built from) changes only with ``--out benchmarks/results``."""
     if os.environ.get("DSPARK_RESULTS"):
         return Path(os.environ["DSPARK_RESULTS"])
-    from dspark.target import cache_root
+    from dspark.runtime.target import cache_root
 
     return cache_root() / "results"
 

@@ -23,7 +23,7 @@ import datetime
 import json
 from pathlib import Path
 
-from dspark.pipeline import loss_weights_suffix
+from dspark.train.pipeline import loss_weights_suffix
 
 ARMS = {"dspark": "smollm2-135m-instruct-dspark", "dflash": "smollm2-135m-instruct-dflash",
         "eagle3": "smollm2-135m-instruct-eagle3",
@@ -33,7 +33,7 @@ COMMITTED = Path(__file__).resolve().parent / "drafters"
 
 def candidates(arm: str) -> list[Path]:
     """The directories that may hold ``arm``'s drafter, the one to prefer first."""
-    from dspark.checkpoint import default_drafter_dir, shipped_drafter_dir
+    from dspark.files.checkpoint import default_drafter_dir, shipped_drafter_dir
 
     if arm not in ARMS:
         raise ValueError(f"unknown arm {arm!r}: expected one of {tuple(ARMS)}")
@@ -57,7 +57,7 @@ def trained_at(directory: Path) -> str | None:
     """When training wrote the drafter in ``directory`` (ISO 8601, UTC): its recorded ``trained_at``, else, for
     a drafter in the cache written before that was recorded, its config's mtime; ``None`` when unknown (the
     mtime of a committed file is when it was checked out)."""
-    from dspark.target import cache_root
+    from dspark.runtime.target import cache_root
 
     config = directory / "config.json"
     recorded = json.loads(config.read_text(encoding="utf-8")).get("metadata", {}).get("trained_at")

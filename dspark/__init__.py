@@ -11,7 +11,7 @@ from dspark.confidence import ConfidenceHead, confidence_survival, confidence_ta
 from dspark.config import DSparkConfig, uniform_tap_layers
 from dspark.contract import VerifyOutput
 from dspark.drafter import DraftOutput, DSparkDrafter
-from dspark.export import export, load
+from dspark.files.export import export, load
 from dspark.markov import MarkovHead, MarkovWeights, sample_block, teacher_forced_bias
 from dspark.metrics import AcceptanceStats
 from dspark.sampling import sample_from_probs, warp_logits

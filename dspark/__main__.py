@@ -46,7 +46,7 @@ def _train_flags(args) -> dict:
     return {k: v for k, v in flags.items() if v is not None}
 
 
-# dspark.pipeline.POOL_NAMES but "sampled", spelled out so that parsing arguments does not import torch.
+# dspark.train.pipeline.POOL_NAMES but "sampled", spelled out so that parsing arguments does not import torch.
 GROWABLE_POOLS = ("code", "math", "math2", "math3", "code2", "followup")
 
 
@@ -93,8 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("--config", default=None,
                        help="a recipe: a JSON file of the settings its phases share (objective, num_draft_layers, "
                             "block_size, markov_rank, num_anchors, ...), its prompt pools and its phases (see "
-                            "dspark.recipe); every phase runs in turn, finished ones skipped. Flags given override "
-                            "its settings in every phase")
+                            "dspark.train.recipe); every phase runs in turn, finished ones skipped. Flags given "
+                            "override its settings in every phase")
     train.add_argument("--arm", default=None,
                        help="one of the recipe's arms (e.g. dflash): its first phases, with the arm's settings")
     train.add_argument("--objective", choices=["dspark", "dflash", "eagle3"], default=None, help="default dspark")
@@ -146,10 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     export.add_argument("--architectures", nargs="+", default=["LlamaForCausalLM"])
     args = parser.parse_args(argv)
     if args.command == "export":
-        from dspark.checkpoint import load_drafter, shipped_drafter_dir
-        from dspark.export import SPECULATORS_VERSION
-        from dspark.export import export as export_drafter
-        from dspark.target import load_default_target
+        from dspark.files.checkpoint import load_drafter, shipped_drafter_dir
+        from dspark.files.export import SPECULATORS_VERSION
+        from dspark.files.export import export as export_drafter
+        from dspark.runtime.target import load_default_target
 
         target = load_default_target()
         drafter = load_drafter(args.drafter or shipped_drafter_dir(), target)
@@ -159,8 +159,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{SPECULATORS_VERSION}'s DSpark classes read; dspark's tests check that round trip, not a vLLM server)")
         return 0
     if args.command == "answer":
-        from dspark.pipeline import answer_pool
-        from dspark.training import tune_cpu_allocator
+        from dspark.runtime.machine import tune_cpu_allocator
+        from dspark.train.pipeline import answer_pool
 
         tune_cpu_allocator()
         done = answer_pool(args.pool, args.prompts, args.archive, precision=args.precision)
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
               f"(features under {done['corpus']})")
         return 0
     if args.command == "average":
-        from dspark.pipeline import average_drafters
+        from dspark.train.pipeline import average_drafters
 
         path = average_drafters(args.drafters, args.output)
         print(f"wrote {path}")
@@ -185,10 +185,10 @@ def main(argv: list[str] | None = None) -> int:
                                          ("--keep-checkpoints", args.keep_checkpoints)) if value]
         if only:
             parser.error(f"{', '.join(only)} apply to training for your own model: give it with --target")
-        from dspark.checkpoint import default_drafter_dir
-        from dspark.pipeline import loss_weights_suffix, train_default_drafter
-        from dspark.recipe import load_recipe, run_recipe
-        from dspark.training import tune_cpu_allocator
+        from dspark.files.checkpoint import default_drafter_dir
+        from dspark.runtime.machine import tune_cpu_allocator
+        from dspark.train.pipeline import loss_weights_suffix, train_default_drafter
+        from dspark.train.recipe import load_recipe, run_recipe
 
         flags = _train_flags(args)
         if args.arm and not args.config:
@@ -231,14 +231,14 @@ RECIPE_ONLY = (("--config", "config"), ("--arm", "arm"), ("--ce-weight", "ce_wei
 
 
 def _train_for_target(args, parser) -> int:
-    """``train --target DIR --prompts FILE --output OUT``: :func:`dspark.any_target.train_for_target`."""
+    """``train --target DIR --prompts FILE --output OUT``: :func:`dspark.train.any_target.train_for_target`."""
     given = [flag for flag, name in RECIPE_ONLY if getattr(args, name) is not None]
     if given:
         parser.error(f"{', '.join(given)} belong to the default target's recipe, not to --target")
     if args.prompts is None or args.output is None:
         parser.error("--target needs --prompts (a prompt file or sharegpt, code, math) and --output")
-    from dspark.any_target import train_for_target
-    from dspark.training import tune_cpu_allocator
+    from dspark.runtime.machine import tune_cpu_allocator
+    from dspark.train.any_target import train_for_target
 
     options = {"gguf_file": args.gguf_file, "plain_text": args.plain_text, "num_prompts": args.num_prompts,
                "max_new_tokens": args.max_new_tokens, "objective": args.objective, "steps": args.steps,

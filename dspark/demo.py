@@ -9,27 +9,27 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from dspark.data import load_prompt_mix
-from dspark.decoding import SamplingConfig, choose_few_row_layout, generate, speculative_generate
 from dspark.linear import describe_layout
 from dspark.report import format_table
+from dspark.runtime.decoding import SamplingConfig, choose_few_row_layout, generate, speculative_generate
+from dspark.runtime.prompts import load_prompt_mix
 from dspark.scheduler import PrefixScheduler
 
 if TYPE_CHECKING:
-    from dspark.target import TargetModel
+    from dspark.runtime.target import TargetModel
 
 
 def load_demo_target(precision: str = "auto", path: str | os.PathLike | None = None,
                      gguf_file: str | None = None) -> tuple[TargetModel, str]:
     """The target for decoding (the default one, or the local model directory ``path``), in ``precision``:
     ``"fp32"``, ``"bf16"``, or ``"auto"`` (bf16 where this machine multiplies bf16 faster than fp32,
-    :func:`dspark.training.fastest_precision`). A bf16 target computes attention one query row at a time
-    (:mod:`dspark.invariant`), so that its greedy speculative decoding gives exactly its own greedy tokens: bf16
+    :func:`dspark.runtime.machine.fastest_precision`). A bf16 target computes attention one query row at a time
+    (:mod:`dspark.runtime.invariant`), so that its greedy speculative decoding gives exactly its own greedy tokens: bf16
     rounds coarsely enough that verify passes computed in another order would flip tokens at near-ties. A target
     of ``path`` that attends within a sliding window has no such attention, so ``auto`` keeps it in fp32.
     Returns ``(target, description)``."""
-    from dspark.target import load_default_target, load_target
-    from dspark.training import resolve_precision
+    from dspark.runtime.machine import resolve_precision
+    from dspark.runtime.target import load_default_target, load_target
 
     bf16 = resolve_precision(precision) == "bf16"
     if path is None:
@@ -48,7 +48,7 @@ def load_demo_drafter(target, path: str | os.PathLike | None = None):
     """``(drafter, description)`` in the target's dtype: the drafter at ``path``, else the one shipped with the
     package (never one found in a cache: the demo says which drafter it decodes with), else an untrained one (and
     the description says so)."""
-    from dspark.checkpoint import load_drafter, shipped_drafter_dir
+    from dspark.files.checkpoint import load_drafter, shipped_drafter_dir
 
     if path is None and (shipped_drafter_dir() / "model.safetensors").exists():
         path = shipped_drafter_dir()

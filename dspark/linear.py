@@ -13,7 +13,7 @@ and so what speculative decoding can gain, on CPUs.
 Which layout is faster depends on the CPU and its BLAS, though: on a 2-core Intel Xeon with AMX
 (``sps_cpu_xeon.json``), ``F.linear`` runs passes of 1 to 4 tokens faster than this layout, and neither
 comes near a one-token pass at 8 tokens. So the layout is a process-wide setting
-(:func:`set_skinny_rows`, :func:`few_row_layout`), and :func:`dspark.decoding.choose_few_row_layout` times the
+(:func:`set_skinny_rows`, :func:`few_row_layout`), and :func:`dspark.runtime.decoding.choose_few_row_layout` times the
 target's verify pass in each layout at start-up and keeps the fastest.
 
 A third layout hands the repacking to the library once: ``"packed"`` keeps, per weight, a copy laid out for the
@@ -33,7 +33,7 @@ dropped with the weight or by :func:`clear_packed_weights`; an in-place change t
 
 bf16 inputs never take ``(W · xᵀ)ᵀ``: in bf16 the few-row products are ``F.linear`` or the packed copy, cut into
 calls that :func:`bf16_call_rows` measured to keep rows apart, so that each row comes out as it would alone,
-whatever else shares the pass (what :mod:`dspark.invariant` builds on). ``Linear`` is ``nn.Linear`` with these
+whatever else shares the pass (what :mod:`dspark.runtime.invariant` builds on). ``Linear`` is ``nn.Linear`` with these
 layouts on CPU inputs of at most :func:`skinny_rows` rows; it has the same parameters and state-dict keys, so
 checkpoints and exports do not see it. On GPUs, and for longer inputs (prefill, training batches), it is
 ``F.linear``. All layouts compute the same dot products; results agree to the dtype's rounding, not bitwise,

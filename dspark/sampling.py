@@ -24,7 +24,6 @@ from dspark._checks import check_sampling, check_tensor, check_uniforms
 from dspark.contract import FIXED_POINT_ONE, MAX_ROW_MASS
 
 
-
 def fixed_point(probs: torch.Tensor) -> torch.Tensor:
     """``⌊p · 2^48⌋`` as int64: the exact, order-free masses every sampler sums (``p >= 0``)."""
     return (probs.double() * FIXED_POINT_ONE).long()

@@ -20,6 +20,7 @@ from dspark.backend import resolve_backend
 from dspark.contract import ACCEPTED, NOT_REACHED, REJECTED, RESIDUAL_EPS_FIXED, VerifyOutput
 from dspark.sampling import fixed_point, sample_from_probs
 
+
 def verify(
     draft_tokens: torch.Tensor,
     draft_probs: torch.Tensor,

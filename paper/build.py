@@ -90,7 +90,9 @@ PROVENANCE = PAPER / "provenance.json"
 LIBRARY = ["dspark", "kernels", "reference"]
 TRAINING = ["dspark/training.py", "dspark/corpus.py", "dspark/loss.py", "dspark/drafter.py", "dspark/backbone.py",
             "dspark/attention.py", "dspark/markov.py", "dspark/confidence.py", "dspark/vocab.py", "dspark/data.py",
-            "dspark/target.py", "benchmarks/recipes"]
+            "dspark/target.py", "benchmarks/recipes",
+            # Where those modules live since the package was split into runtime, files and train.
+            "dspark/train", "dspark/runtime"]
 # The code behind each results file: a change to any of these paths after its commit is named beside it.
 SOURCES = {
     "acceptance_cpu": LIBRARY + ["benchmarks/bench_acceptance.py"],
@@ -100,18 +102,23 @@ SOURCES = {
     "training_recipe": TRAINING + ["benchmarks/bench_recipe.py"],
     "training_ablations_cpu": TRAINING + ["benchmarks/bench_ablations.py"],
     "training_objectives_cpu": TRAINING + ["benchmarks/bench_ablations.py"],
-    "corpus_rebuild_cpu": ["dspark/corpus.py", "dspark/target.py", "dspark/data.py", "benchmarks/bench_corpus.py"],
-    "corpus_lazy_cpu": ["dspark/corpus.py", "dspark/training.py", "dspark/target.py", "benchmarks/bench_corpus.py"],
+    "corpus_rebuild_cpu": ["dspark/corpus.py", "dspark/target.py", "dspark/data.py", "benchmarks/bench_corpus.py",
+                           "dspark/train/corpus.py", "dspark/runtime/target.py", "dspark/runtime/prompts.py",
+                           "dspark/train/pools.py"],
+    "corpus_lazy_cpu": ["dspark/corpus.py", "dspark/training.py", "dspark/target.py", "benchmarks/bench_corpus.py",
+                        "dspark/train/corpus.py", "dspark/train/trainer.py", "dspark/train/features.py",
+                        "dspark/runtime/target.py"],
     "sweeps": TRAINING + ["benchmarks/bench_sweeps.py"],
     "calibration_cpu": LIBRARY + ["benchmarks/bench_calibration.py"],
     "scheduler": ["dspark/scheduler.py", "reference/scheduler.py", "kernels/scheduler.py",
                   "benchmarks/bench_scheduler.py"],
     "scheduler_measured_cpu": LIBRARY + ["benchmarks/bench_scheduler.py"],
     "appendix_a": ["dspark/scheduler.py", "benchmarks/bench_appendix_a.py"],
-    "sps_cpu": ["dspark/target.py", "dspark/linear.py", "dspark/scheduler.py", "benchmarks/bench_sps.py"],
+    "sps_cpu": ["dspark/target.py", "dspark/linear.py", "dspark/scheduler.py", "benchmarks/bench_sps.py",
+                "dspark/runtime/target.py"],
     "sps_cpu_xeon": ["dspark/target.py", "dspark/linear.py", "dspark/invariant.py", "dspark/scheduler.py",
-                     "benchmarks/bench_sps.py"],
-    "sps_cuda": ["dspark/target.py", "dspark/scheduler.py", "benchmarks/bench_sps.py"],
+                     "benchmarks/bench_sps.py", "dspark/runtime/target.py", "dspark/runtime/invariant.py"],
+    "sps_cuda": ["dspark/target.py", "dspark/scheduler.py", "benchmarks/bench_sps.py", "dspark/runtime/target.py"],
     "generalization_cpu": TRAINING + ["benchmarks/bench_generalization.py"],
     "e2e_cpu": LIBRARY + ["benchmarks/bench_e2e.py"],
     "kernels_cpu": LIBRARY + ["benchmarks/bench_kernels.py"],
@@ -825,8 +832,8 @@ def section_training(out: list[str], figures: Path) -> None:
         out.append("- **Math data.** No training split of GSM8K ships in a PyPI package, so the target also answered "
                    f"{num(words['samples'], 'd')} of {num(words['pool'], 'd')} grade-school word problems made from "
                    "templates (rates, fractions, percentages, change, ages, averages, …; "
-                   "`dspark.data.load_math_prompts`, none an evaluation question), worded as GSM8K words its "
-                   f"questions: {num(words['answer_tokens'], 'd')} answer tokens, at "
+                   "`dspark.train.word_problems.load_math_prompts`, none an evaluation question), worded as GSM8K "
+                   f"words its questions: {num(words['answer_tokens'], 'd')} answer tokens, at "
                    f"{num(words['tokens_per_s'], '.0f')} tokens/s. They train as the code prompts do.")
     words = result.get("math2_corpus")
     if words:
@@ -845,7 +852,7 @@ def section_training(out: list[str], figures: Path) -> None:
                    f"{num(words['tokens_per_s'], '.0f')} tokens/s.")
     code = result.get("code2_corpus")
     if code:
-        from dspark.data import CODE2_DOCSTRING_CHARS, CODE_DOCSTRING_CHARS
+        from dspark.train.pools import CODE2_DOCSTRING_CHARS, CODE_DOCSTRING_CHARS
 
         out.append(f"- **More code data.** A second series of {num(code['pool'], 'd')} standard-library functions: "
                    f"the documented ones the first leaves out, private functions with a docstring of "
@@ -1595,19 +1602,19 @@ def section_speed(out: list[str], figures: Path) -> None:
                    f"{precision}; speculative decoding "
                    "either verifies every drafted slot or lets Algorithm 1 (with the demo's back-off) choose verify "
                    "lengths on a verify-latency profile taken at that batch. The few-row products of all three modes "
-                   "take the layout that profile found fastest (`dspark.decoding.choose_few_row_layout`). A round's "
-                   "parts are in units of one plain decoding step of the target at the same batch"
+                   "take the layout that profile found fastest (`dspark.runtime.decoding.choose_few_row_layout`). "
+                   "A round's parts are in units of one plain decoding step of the target at the same batch"
                    + (". The fp32 target alone ran on the same prompts in the same rotation, with stock attention: "
                       "its outputs differ from the bf16 target's by rounding, so it is the plain decoding a user "
                       "would otherwise run, not the one the outputs are checked against" if fp32_alone else "")
                    + ":\n")
         if precision.startswith("bf16"):
             out.append("In bf16 the target computes attention one query at a time over exactly the keys that query "
-                       "sees (`dspark.invariant`), and its few-row products go to oneDNN in calls that oneDNN keeps "
-                       "apart (`dspark.linear.bf16_call_rows` measures them per CPU and weight shape: on a Xeon with "
-                       "AMX, calls of up to 32 rows keep every SmolLM2-135M shape's rows apart; on a 2-core AMD EPYC, "
-                       "oneDNN sums a single row of the down projection in another order than 2 to 32 rows, so single "
-                       "rows go in padded with a zero row), so each row gets what it would get alone. A "
+                       "sees (`dspark.runtime.invariant`), and its few-row products go to oneDNN in calls that oneDNN "
+                       "keeps apart (`dspark.linear.bf16_call_rows` measures them per CPU and weight shape: on a Xeon "
+                       "with AMX, calls of up to 32 rows keep every SmolLM2-135M shape's rows apart; on a 2-core AMD "
+                       "EPYC, oneDNN sums a single row of the down projection in another order than 2 to 32 rows, so "
+                       "single rows go in padded with a zero row), so each row gets what it would get alone. A "
                        "verify pass then gives each token the logits a one-token step gives it, bit for bit, so greedy "
                        "speculative decoding equals greedy decoding of the same requests whatever their near-ties. "
                        "With stock attention, bf16's coarse rounding let verify passes summed in another order flip "
@@ -1842,10 +1849,10 @@ def _layout_sentence(out: list[str]) -> None:
                  f"ms packed ({num(ms('bf16 packed, stock attention', 1), '.1f')} with stock attention) and "
                  f"{num(ms('F.linear', 1), '.1f')} ms in fp32 (timed minutes apart, not interleaved with the fp32 "
                  "passes: compare across dtypes with care).")
-    out.append(text + " So the layout is not fixed: `dspark.decoding.choose_few_row_layout` profiles the verify "
-               "pass in each at start-up, as the demo and `bench_e2e.py` do, and keeps the fastest for the process "
-               "(the verify-pass profiles are single runs of a few repeats, so read differences under about 10% as "
-               "noise).\n")
+    out.append(text + " So the layout is not fixed: `dspark.runtime.decoding.choose_few_row_layout` profiles the "
+               "verify pass in each at start-up, as the demo and `bench_e2e.py` do, and keeps the fastest for the "
+               "process (the verify-pass profiles are single runs of a few repeats, so read differences under about "
+               "10% as noise).\n")
 
 
 def _section_compile_matrix(out: list[str]) -> None:

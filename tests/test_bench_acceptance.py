@@ -7,7 +7,7 @@ import pytest
 
 import paper.build as builder
 from benchmarks.bench_acceptance import kept_rows, main, reusable_rows
-from dspark.data import DOMAINS
+from dspark.runtime.prompts import DOMAINS
 
 SETTINGS = {"offset": 50, "max_new_tokens": 64, "torch": "2.13.0+cpu"}
 TEMPERATURES = [0.0, 1.0]

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-import dspark.pipeline
-from dspark.recipe import load_recipe, phase_directories, run_recipe
+import dspark.train.pipeline
+from dspark.train.recipe import load_recipe, phase_directories, run_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "benchmarks" / "recipes" / "smollm2_drafter.json"
@@ -54,7 +54,7 @@ def test_recipes_that_cannot_run_are_refused(tmp_path, recipe, arm, message):
 def fake_training(calls: list):
     """Stands in for train_default_drafter: records its call and writes what a real run records of it."""
 
-    @functools.wraps(dspark.pipeline.train_default_drafter)  # its signature is what recipes are checked against
+    @functools.wraps(dspark.train.pipeline.train_default_drafter)  # its signature is what recipes are checked against
     def train(output_dir, *, continue_from=None, work_dir=None, progress=True, **settings):
         calls.append((Path(output_dir), continue_from, settings))
         arguments = {k: Path(v).name if k.endswith("answers") and v is not None else v for k, v in settings.items()}
@@ -68,9 +68,9 @@ def fake_training(calls: list):
 
 
 def test_run_recipe_continues_each_phase_from_the_last_and_skips_finished_phases(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(dspark.checkpoint, "FORMAT", "dspark-drafter")
+    monkeypatch.setattr(dspark.files.checkpoint, "FORMAT", "dspark-drafter")
     calls = []
-    monkeypatch.setattr(dspark.pipeline, "train_default_drafter", fake_training(calls))
+    monkeypatch.setattr(dspark.train.pipeline, "train_default_drafter", fake_training(calls))
     path = write_recipe(tmp_path, objective="dspark", phases=[{"steps": 10}, {"steps": 5}, {"steps": 5}])
     out = tmp_path / "drafter"
     run_recipe(path, out, overrides={"precision": "fp32"})
@@ -128,7 +128,7 @@ def test_the_recipe_is_the_schedule_that_trained_the_committed_drafters(arm, dra
 
 def test_answer_offers_every_pool_but_the_sampled_one():
     from dspark.__main__ import GROWABLE_POOLS
-    from dspark.pipeline import POOL_NAMES
+    from dspark.train.pipeline import POOL_NAMES
 
     assert GROWABLE_POOLS == tuple(name for name in POOL_NAMES if name != "sampled")
 
@@ -138,13 +138,13 @@ def test_answer_offers_every_pool_but_the_sampled_one():
     ("followup", 10, "fp16", "precision must be"), ("followup", 0, None, "count must be positive")])
 def test_answer_refuses_what_it_cannot_answer_before_loading_the_target(pool, count, precision, message, tmp_path,
                                                                        monkeypatch):
-    import dspark.target
+    import dspark.runtime.target
 
     def no_target(*args, **kwargs):
         raise AssertionError("the target was loaded before the arguments were checked")
 
-    monkeypatch.setattr(dspark.target, "load_default_target", no_target)
-    from dspark.pipeline import answer_pool
+    monkeypatch.setattr(dspark.runtime.target, "load_default_target", no_target)
+    from dspark.train.pipeline import answer_pool
 
     with pytest.raises(ValueError, match=message):
         answer_pool(pool, count, tmp_path / "pool.answers.npz", precision=precision, work_dir=tmp_path)
@@ -156,11 +156,11 @@ def test_answer_refuses_what_it_cannot_answer_before_loading_the_target(pool, co
     (["train", "--config", str(RECIPE), "--steps", "10"], "12 phases, each with its own steps"),
 ])
 def test_train_refuses_flags_that_do_not_fit_the_recipe_before_training(argv, message, monkeypatch):
-    @functools.wraps(dspark.pipeline.train_default_drafter)
+    @functools.wraps(dspark.train.pipeline.train_default_drafter)
     def no_training(*args, **kwargs):
         raise AssertionError("training started")
 
-    monkeypatch.setattr(dspark.pipeline, "train_default_drafter", no_training)
+    monkeypatch.setattr(dspark.train.pipeline, "train_default_drafter", no_training)
     from dspark.__main__ import main
 
     with pytest.raises(SystemExit, match=message):

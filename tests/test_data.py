@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from dspark.corpus import _digest, load_answers
-from dspark.data import freeze_code_prompts, load_code_prompts, load_math_prompts, load_prompts
+from dspark.runtime.prompts import load_prompts
+from dspark.train.corpus import _digest, load_answers
+from dspark.train.pools import freeze_code_prompts, load_code_prompts
+from dspark.train.word_problems import load_math_prompts
 
 PREFIX = "Complete this Python function.\n\n"
 
@@ -133,7 +135,7 @@ def test_an_unknown_series_of_word_problems_is_refused(series):
 
 
 def test_followup_prompts_are_later_sharegpt_turns_and_never_an_opening_or_an_evaluation_prompt():
-    from dspark.data import load_followup_prompts, load_training_prompts, sharegpt_followups
+    from dspark.train.pools import load_followup_prompts, load_training_prompts, sharegpt_followups
 
     followups = sharegpt_followups()
     prompts = load_followup_prompts()
@@ -153,7 +155,7 @@ def test_followup_prompts_are_later_sharegpt_turns_and_never_an_opening_or_an_ev
 
 
 def test_held_out_followups_are_exactly_the_turns_of_the_held_out_conversations():
-    from dspark.data import held_out_followups, load_followup_prompts, sharegpt_followups
+    from dspark.train.pools import held_out_followups, load_followup_prompts, sharegpt_followups
 
     followups, prompts = sharegpt_followups(), load_followup_prompts()
     opening = next(iter(next(found for found in followups.values() if found)))
@@ -168,7 +170,7 @@ def test_held_out_followups_are_exactly_the_turns_of_the_held_out_conversations(
 def test_the_followup_prompts_are_those_the_committed_answers_were_answered_from():
     # The pool's order decides which prompt each stored answer belongs to; a change to the selection would leave the
     # committed answers pointing at other prompts (rebuilding them would then refuse, by this digest).
-    from dspark.data import load_followup_prompts
+    from dspark.train.pools import load_followup_prompts
 
     settings = load_answers(RECIPES / "smollm2_drafter.followup.answers.npz").manifest["settings"]
     prompts = load_followup_prompts()

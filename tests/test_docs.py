@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import paper.build as builder
-from dspark.corpus import load_answers
+from dspark.train.corpus import load_answers
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "benchmarks" / "README.md"]
@@ -54,7 +54,7 @@ def untraced(text: str, known: set[str]) -> list[str]:
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_number_comes_from_a_committed_record(page, recorded):
     stray = untraced(page.read_text(encoding="utf-8"), recorded)
-    assert not stray, f"{page.relative_to(ROOT)} prints numbers no results file, recipe, drafter or paper holds: {stray}"
+    assert not stray, f"{page.relative_to(ROOT)} prints numbers that no committed record holds: {stray}"
 
 
 def test_the_check_catches_a_typed_number(recorded):
@@ -74,3 +74,30 @@ def test_the_front_door_is_short():
     """README.md is what a newcomer reads first: what dspark is, the two commands, an example, training for their
     own model, the notebooks, the layout and the headline; detail lives in the guides."""
     assert len((ROOT / "README.md").read_text(encoding="utf-8").splitlines()) <= 220
+
+
+def resolves(dotted: str) -> bool:
+    """Whether ``dspark.a.b.c`` names a module or an attribute of one (a class's method counts)."""
+    import importlib
+
+    parts = dotted.split(".")
+    for split in range(len(parts), 0, -1):
+        try:
+            target = importlib.import_module(".".join(parts[:split]))
+        except ImportError:
+            continue
+        try:
+            for attribute in parts[split:]:
+                target = getattr(target, attribute)
+        except AttributeError:
+            return False
+        return True
+    return False
+
+
+@pytest.mark.parametrize("page", PAGES + [ROOT / "paper" / "method.md"], ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_named_dspark_object_exists(page):
+    """A page that names ``dspark.x.y`` in code quotes names something a reader can import."""
+    names = set(re.findall(r"`(dspark(?:\.\w+)+)", page.read_text(encoding="utf-8")))
+    missing = sorted(name for name in names if not resolves(name))
+    assert not missing, f"{page.relative_to(ROOT)} names what dspark does not have: {missing}"

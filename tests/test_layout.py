@@ -31,8 +31,9 @@ def imports(path: Path, name: str) -> list[tuple[str, list[str]]]:
             out += [(alias.name, []) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
-            if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            if node.level:  # relative: "." is the module's package, ".." its parent
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([base] if base else []))
             out.append((base, [alias.name for alias in node.names]))
     return out
 
@@ -98,6 +99,31 @@ def test_no_import_cycle():
     """No module of the package reaches itself through imports, counting those inside functions: a package
     whose imports flow one way can be read, and split, from the bottom up."""
     assert find_cycle(module_graph()) is None, " → ".join(find_cycle(module_graph()))
+
+
+# Layers, bottom up: the computations at the top of dspark (with reference/ and kernels/), decoding with real
+# targets, drafter files (which read targets), training. A module imports from its own layer or those below;
+# the package's __init__, the command line and its demo sit above them all.
+LAYERS = ("dspark.runtime", "dspark.files", "dspark.train")
+ENTRY_POINTS = {"dspark", "dspark.__main__", "dspark.demo"}
+
+
+def layer(module: str) -> int:
+    if module in ENTRY_POINTS:
+        return len(LAYERS) + 1
+    return next((i + 1 for i, package in enumerate(LAYERS) if module == package or module.startswith(package + ".")), 0)
+
+
+def test_imports_flow_one_way():
+    upward = [f"{module} imports {imported}" for module, edges in module_graph().items() for imported in sorted(edges)
+              if layer(imported) > layer(module)]
+    assert not upward, upward
+
+
+def test_each_subpackage_says_what_lives_there():
+    for package in LAYERS:
+        doc = ast.get_docstring(ast.parse((ROOT / package.replace(".", "/") / "__init__.py").read_text()))
+        assert doc and len(doc.splitlines()) == 1, f"{package}/__init__.py needs a one-line docstring"
 
 
 @pytest.mark.parametrize("graph, cyclic", [({"a": {"b"}, "b": {"c"}, "c": set()}, False),

@@ -8,7 +8,7 @@ import pytest
 
 import benchmarks.trained as trained
 from benchmarks.trained import ARMS, COMMITTED, candidates, equal_budget_drafters, trained_at, trained_drafters
-from dspark.checkpoint import shipped_drafter_dir
+from dspark.files.checkpoint import shipped_drafter_dir
 
 
 def _drafter(directory, metadata):

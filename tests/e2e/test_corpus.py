@@ -4,9 +4,9 @@ features are the target's full-forward features of the answered sequence, and a 
 import pytest
 import torch
 
-from dspark.corpus import answer_batch, build_corpus, load_corpus
-from dspark.decoding import SamplingConfig, generate
-from dspark.training import OfflineFeatures, target_features
+from dspark.runtime.decoding import SamplingConfig, generate
+from dspark.train.corpus import answer_batch, build_corpus, load_corpus
+from dspark.train.features import OfflineFeatures, target_features
 from tests.e2e.conftest import tiny_target
 
 
@@ -56,7 +56,7 @@ def test_an_interrupted_run_keeps_its_record(tmp_path, monkeypatch):
     (the corpus then resumes) still count in the regeneration record."""
     import json
 
-    import dspark.corpus as corpus
+    import dspark.train.corpus as corpus
 
     target = tiny_target(vocab=48)
     prompts = _prompts(target, count=5)
@@ -96,7 +96,7 @@ def test_answers_cut_when_the_batch_empties_are_prefixes_of_the_full_answers():
 
 
 def test_a_sample_budget_keeps_a_prefix_of_the_shuffled_order(tmp_path):
-    from dspark.corpus import corpus_order
+    from dspark.train.corpus import corpus_order
 
     target = tiny_target(vocab=48)
     prompts = _prompts(target, count=6)
@@ -112,7 +112,7 @@ def test_a_sample_budget_keeps_a_prefix_of_the_shuffled_order(tmp_path):
 def test_features_equal_the_cached_forward_on_every_valid_slot():
     target = tiny_target(vocab=48)
     prompts = _prompts(target, count=4)
-    from dspark.decoding import prefill
+    from dspark.runtime.decoding import prefill
 
     _, _, step, lengths, ids = prefill(target, prompts)
     valid = torch.arange(ids.shape[1])[None] < lengths[:, None]
@@ -130,7 +130,7 @@ def test_a_corpus_rebuilt_from_its_answers_equals_the_answered_one(tmp_path):
     first test)."""
     import json
 
-    from dspark.corpus import load_answers, rebuild_corpus, save_answers
+    from dspark.train.corpus import load_answers, rebuild_corpus, save_answers
 
     target = tiny_target(vocab=48)
     prompts = _prompts(target, count=7)
@@ -166,7 +166,7 @@ def test_a_rebuild_may_take_features_from_the_target_in_another_dtype(tmp_path):
     features agree to fp32 rounding (the tolerance of the first test)."""
     import json
 
-    from dspark.corpus import rebuild_corpus, save_answers
+    from dspark.train.corpus import rebuild_corpus, save_answers
 
     answering = tiny_target(vocab=48)
     answering.model.to(torch.float64)
@@ -193,7 +193,7 @@ def test_a_rebuild_may_take_features_from_the_target_in_another_dtype(tmp_path):
 def test_a_rebuild_refuses_other_prompts_or_a_damaged_archive(tmp_path):
     import numpy as np
 
-    from dspark.corpus import load_answers, rebuild_corpus, save_answers
+    from dspark.train.corpus import load_answers, rebuild_corpus, save_answers
 
     target = tiny_target(vocab=48)
     prompts = _prompts(target, count=4)
@@ -231,8 +231,8 @@ def test_sampled_answers_follow_the_tempered_distribution():
     0.02 (the sum over tokens of sqrt(p(1 − p) / 2πN)); 0.06 allows three times that, while the distributions of
     sampling at T = 1 instead of 0.5, or of taking the argmax, lie 0.24 and 0.69 away (asserted beyond 0.15, so the
     check can fail)."""
-    from dspark.corpus import sampling_seed
-    from dspark.decoding import prefill
+    from dspark.runtime.decoding import prefill
+    from dspark.train.corpus import sampling_seed
 
     target = tiny_target(vocab=48)
     with torch.no_grad():
@@ -253,7 +253,7 @@ def test_sampled_answers_follow_the_tempered_distribution():
 
 
 def test_a_sampled_answer_depends_on_its_seed_not_its_batch():
-    from dspark.corpus import sampling_seed
+    from dspark.train.corpus import sampling_seed
 
     target = tiny_target(vocab=48)
     prompts = _prompts(target, count=5)
@@ -279,7 +279,7 @@ def test_a_sampled_corpus_records_its_temperature_and_rebuilds_from_its_answers(
     a sampled one does, so neither continues the other, and its archive rebuilds only with the same temperature."""
     import json
 
-    from dspark.corpus import rebuild_corpus, sampling_seed, save_answers
+    from dspark.train.corpus import rebuild_corpus, sampling_seed, save_answers
 
     target = tiny_target(vocab=48)
     prompts = _prompts(target, count=5)
@@ -315,7 +315,7 @@ def test_an_archive_grows_by_answering_only_the_prompts_it_lacks(tmp_path):
     all of them at once gives; a training run on that directory then rebuilds only the features it lacks."""
     import json
 
-    from dspark.corpus import answered_corpus, corpus_order, grow_answers, sample_path
+    from dspark.train.corpus import answered_corpus, corpus_order, grow_answers, sample_path
 
     target = tiny_target(vocab=48)
     prompts = _prompts(target, count=7)
@@ -361,7 +361,7 @@ def test_lazy_features_are_computed_when_first_read_and_equal_a_rebuilds(tmp_pat
     stored in bf16: the fp32 difference can tip a value to the neighbouring bf16, at most 2⁻⁷ of it)."""
     import json
 
-    from dspark.corpus import answered_corpus, corpus_order, grow_answers
+    from dspark.train.corpus import answered_corpus, corpus_order, grow_answers
 
     target = tiny_target(vocab=48)
     prompts = _prompts(target, count=7)

@@ -11,7 +11,7 @@ import safetensors.torch
 import torch
 
 from benchmarks.bench_training import OpCounter
-from dspark.training import Sample
+from dspark.train.samples import Sample
 from tests.e2e.training_helpers import tiny_trainer
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import dspark
-from dspark.decoding import SamplingConfig, generate, speculative_generate
+from dspark.runtime.decoding import SamplingConfig, generate, speculative_generate
 from dspark.testing import randomize_
 from dspark.vocab import build_draft_vocab, d2t_offsets, token_counts
 from tests.e2e.conftest import drafter_for, tiny_target
@@ -175,7 +175,7 @@ def test_round_trip_with_speculators_both_ways(tmp_path, reduced):
 
 
 def test_load_reads_dspark_checkpoints_and_says_which_format(tmp_path):
-    from dspark.checkpoint import save_drafter
+    from dspark.files.checkpoint import save_drafter
 
     target = tiny_target()
     drafter = drafter_for(target)

@@ -6,8 +6,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import dspark.linear
-from dspark.decoding import SamplingConfig, choose_few_row_layout, generate, prefill, speculative_generate
-from dspark.invariant import invariant_attention
 from dspark.linear import (
     BF16_INVARIANT_ROWS,
     SKINNY_ROWS,
@@ -18,11 +16,13 @@ from dspark.linear import (
     skinny_min_rows,
     skinny_rows,
 )
+from dspark.runtime.decoding import SamplingConfig, choose_few_row_layout, generate, prefill, speculative_generate
+from dspark.runtime.invariant import invariant_attention
 from dspark.scheduler import FixedLength, PrefixScheduler, SPSTable
 from dspark.testing import assert_within_reference_error
 from tests.e2e.conftest import drafter_for, tiny_target
 
-# Both few-row layouts a bf16 target may take (dspark.decoding.choose_few_row_layout).
+# Both few-row layouts a bf16 target may take (dspark.runtime.decoding.choose_few_row_layout).
 BF16_LAYOUTS = [(SKINNY_ROWS, "transposed", 1)] + (
     [(SKINNY_ROWS, "packed", 1)] if dspark.linear.packed_layout_available(torch.bfloat16) else [])
 LONG_PROMPTS = [[(7 * i + r) % 60 + 1 for i in range(length)] for r, length in enumerate((60, 47, 53))]

@@ -5,8 +5,8 @@ import importlib
 import pytest
 import torch
 
-from dspark.data import load_prompt_mix
-from dspark.decoding import SamplingConfig, generate, speculative_generate
+from dspark.runtime.decoding import SamplingConfig, generate, speculative_generate
+from dspark.runtime.prompts import load_prompt_mix
 from dspark.sampling import warp_logits
 from dspark.scheduler import FixedLength, PrefixScheduler, ProductionScheduler, SPSTable, Threshold
 from dspark.testing import chi_square_pvalue
@@ -81,8 +81,8 @@ def test_gguf_targets_convert_once_then_load_from_the_cache(real_target, tmp_pat
     """Any GGUF target: the first load dequantises and caches it, the next reads only the cache."""
     import transformers
 
-    from dspark.data import package_file
-    from dspark.target import DEFAULT_TARGET, load_target
+    from dspark.runtime.prompts import package_file
+    from dspark.runtime.target import DEFAULT_TARGET, load_target
 
     package, filename, install = DEFAULT_TARGET
     gguf = package_file(package, filename, install)
@@ -101,7 +101,7 @@ def test_gguf_targets_convert_once_then_load_from_the_cache(real_target, tmp_pat
 
 
 def test_plain_text_encoding_and_a_clear_error_without_a_chat_template(real_target):
-    from dspark.target import load_default_target
+    from dspark.runtime.target import load_default_target
 
     base = load_default_target()
     base.tokenizer.chat_template = None  # what a base model's tokenizer looks like

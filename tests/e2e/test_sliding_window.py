@@ -4,7 +4,7 @@ prompt decoded alone by full forward passes."""
 import pytest
 import torch
 
-from dspark.decoding import SamplingConfig, generate, speculative_generate
+from dspark.runtime.decoding import SamplingConfig, generate, speculative_generate
 from dspark.scheduler import FixedLength, PrefixScheduler, SPSTable
 from tests.e2e.conftest import SLIDING_WINDOW, drafter_for, tiny_target
 

@@ -3,9 +3,10 @@
 import pytest
 import torch
 
-import dspark.decoding
 import dspark.linear
-from dspark.decoding import (
+import dspark.runtime.decoding
+from dspark.linear import SKINNY_ROWS, few_row_layout, skinny_layout, skinny_min_rows, skinny_rows
+from dspark.runtime.decoding import (
     SamplingConfig,
     SpeculativeDecoder,
     choose_few_row_layout,
@@ -13,7 +14,6 @@ from dspark.decoding import (
     profile_verify_sps,
     speculative_generate,
 )
-from dspark.linear import SKINNY_ROWS, few_row_layout, skinny_layout, skinny_min_rows, skinny_rows
 from dspark.scheduler import FixedLength, PrefixScheduler, ProductionScheduler, SPSTable, Threshold
 from dspark.testing import assert_close, assert_close_float64, chi_square_pvalue
 from tests.e2e.conftest import drafter_for, eagle3_for, tiny_target
@@ -325,7 +325,7 @@ def test_sampled_output_follows_the_target(temperature, top_k):
 
 
 def test_uniform_draws_stay_below_one_in_low_precision():
-    from dspark.decoding import uniform_draws
+    from dspark.runtime.decoding import uniform_draws
 
     gen = torch.Generator().manual_seed(0)
     draws = uniform_draws((1_000_000,), gen, torch.bfloat16)
@@ -453,7 +453,7 @@ def test_choose_few_row_layout_keeps_the_fastest_layout_and_its_table(requests, 
         slower = 1.0 if _setting() == faster else 1.5
         return SPSTable.from_latencies(range(1, max_tokens + 1), [slower * s for s in latencies])
 
-    monkeypatch.setattr(dspark.decoding, "profile_verify_sps", profile)
+    monkeypatch.setattr(dspark.runtime.decoding, "profile_verify_sps", profile)
     monkeypatch.setattr(dspark.linear, "packed_layout_available", lambda dtype=torch.float32: mkl)
     before = _setting()
     with few_row_layout(5):

@@ -6,11 +6,11 @@ import json
 import pytest
 import torch
 
-from dspark.any_target import read_prompts, train_for_target
-from dspark.decoding import SamplingConfig, generate, speculative_generate
-from dspark.export import load
+from dspark.files.export import load
+from dspark.runtime.decoding import SamplingConfig, generate, speculative_generate
+from dspark.runtime.target import load_target
 from dspark.scheduler import FixedLength
-from dspark.target import load_target
+from dspark.train.any_target import read_prompts, train_for_target
 from tests.e2e.conftest import save_tiny_target, tiny_target
 
 WORDS = ["cat", "river", "boat", "seven", "number", "story", "add", "dog", "twelve", "function"]
@@ -58,7 +58,7 @@ def test_killed_run_resumes_and_says_so(tmp_path, capsys, monkeypatch):
     """A run killed during step 4, after its step-2 checkpoint, loses steps 3 and 4 at most: the same command
     picks up at step 2, says so, and ends with the weights of a run that was never killed. A rerun with other
     settings is refused instead of mixing two runs."""
-    from dspark.training import Trainer
+    from dspark.train.trainer import Trainer
 
     model = save_tiny_target(tmp_path / "model")
     prompts = prompt_file(tmp_path / "prompts.jsonl")

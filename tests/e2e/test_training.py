@@ -6,18 +6,11 @@ import json
 import pytest
 import torch
 
-from dspark.pipeline import loss_weights_suffix
-from dspark.training import (
-    OfflineFeatures,
-    Sample,
-    TrainConfig,
-    Trainer,
-    block_targets,
-    sample_anchors,
-    source_commit,
-    tune_cpu_allocator,
-    write_offline_features,
-)
+from dspark.runtime.machine import tune_cpu_allocator
+from dspark.train.features import OfflineFeatures, write_offline_features
+from dspark.train.pipeline import loss_weights_suffix
+from dspark.train.samples import Sample, block_targets, sample_anchors
+from dspark.train.trainer import TrainConfig, Trainer, source_commit
 from tests.e2e.training_helpers import RECIPE_ANSWERS, distributed_worker, tiny_trainer, toy_recipe
 
 
@@ -256,7 +249,7 @@ def test_offline_features_equal_online_and_are_validated(tmp_path):
 
 
 def test_sts_calibration_after_training_sets_temperatures():
-    from dspark.training import calibrate_on_samples
+    from dspark.train.trainer import calibrate_on_samples
 
     trainer, target = tiny_trainer(steps=10)
     trainer.fit(progress=False)
@@ -272,9 +265,9 @@ def test_the_recipe_at_toy_size_writes_a_drafter_that_records_its_run(real_targe
     """``train_default_drafter`` end to end, as the committed recipe runs it (features rebuilt from the committed
     answers, a reduced draft vocabulary) but with six sequences and two steps: the drafter loads, and its
     metadata holds the arguments, the timed phases and when it was trained."""
-    from dspark.checkpoint import load_drafter
-    from dspark.pipeline import train_default_drafter
-    from dspark.training import fastest_precision
+    from dspark.files.checkpoint import load_drafter
+    from dspark.runtime.machine import fastest_precision
+    from dspark.train.pipeline import train_default_drafter
 
     path = train_default_drafter(tmp_path / "drafter", steps=2, **toy_recipe(work_dir=tmp_path / "work"))
     meta = json.loads((path / "config.json").read_text(encoding="utf-8"))["metadata"]
@@ -290,8 +283,8 @@ def test_the_recipe_at_toy_size_writes_a_drafter_that_records_its_run(real_targe
 
 
 def test_the_recipe_continues_a_drafter_it_wrote_and_refuses_one_trained_otherwise(real_target, tmp_path):
-    from dspark.checkpoint import load_drafter, save_drafter
-    from dspark.pipeline import train_default_drafter
+    from dspark.files.checkpoint import load_drafter, save_drafter
+    from dspark.train.pipeline import train_default_drafter
 
     toy = toy_recipe(work_dir=tmp_path / "work")
     parent = train_default_drafter(tmp_path / "parent", steps=2, **toy)
@@ -322,8 +315,8 @@ def test_the_recipe_continues_a_drafter_it_wrote_and_refuses_one_trained_otherwi
 
 
 def test_averaging_continuations_writes_their_mean_scored_on_the_held_out_split(real_target, tmp_path):
-    from dspark.checkpoint import SHARED, load_drafter
-    from dspark.pipeline import average_drafters, train_default_drafter
+    from dspark.files.checkpoint import SHARED, load_drafter
+    from dspark.train.pipeline import average_drafters, train_default_drafter
 
     toy = toy_recipe(work_dir=tmp_path / "work", eval_every=1)
     parent = train_default_drafter(tmp_path / "parent", steps=2, **toy)
@@ -359,8 +352,8 @@ def test_the_recipe_adds_code_and_math_prompts_to_a_continuation_and_keeps_the_h
     train beside the ShareGPT samples: the features are read from the right corpus (a sample read from the wrong one
     fails its token-id check), the vocabulary and the held-out sequences stay the parent's, and the counts are
     recorded."""
-    from dspark.pipeline import train_default_drafter
-    from dspark.training import fastest_precision
+    from dspark.runtime.machine import fastest_precision
+    from dspark.train.pipeline import train_default_drafter
 
     toy = toy_recipe(work_dir=tmp_path / "work", sequences_per_step=4, max_new_tokens=192)
     parent = train_default_drafter(tmp_path / "parent", steps=2, **toy)
@@ -400,10 +393,10 @@ def test_the_recipe_samples_new_answers_to_the_sharegpt_training_prompts_only(re
     """``sampled_prompts`` answers ShareGPT training prompts once more, sampled at ``sampled_temperature``: every
     sampled sequence starts with a training prompt and none with a held-out one, the answers are not all the greedy
     ones, the corpus records its temperature, and the checkpoint is named after the count and the temperature."""
-    from dspark.corpus import corpus_order, load_corpus
-    from dspark.data import load_training_prompts
-    from dspark.pipeline import recipe_corpus_dir, sampled_corpus_dir, train_default_drafter
-    from dspark.training import fastest_precision
+    from dspark.runtime.machine import fastest_precision
+    from dspark.train.corpus import corpus_order, load_corpus
+    from dspark.train.pipeline import recipe_corpus_dir, sampled_corpus_dir, train_default_drafter
+    from dspark.train.pools import load_training_prompts
 
     toy = toy_recipe(work_dir=tmp_path / "work", sequences_per_step=4, max_new_tokens=192)
     parent = train_default_drafter(tmp_path / "parent", steps=2, **toy)
@@ -442,11 +435,11 @@ def test_the_recipe_answers_sharegpt_followups_and_drops_those_of_held_out_conve
     """``followup_prompts`` answers that many later ShareGPT turns into a corpus of their own, each sequence
     starting with its turn as the prompt; a turn from a held-out conversation is answered but does not train, and
     the count dropped is recorded."""
-    import dspark.data
-    from dspark.corpus import corpus_order, load_corpus
-    from dspark.data import load_followup_prompts
-    from dspark.pipeline import followup_corpus_dir, recipe_corpus_dir, train_default_drafter
-    from dspark.training import fastest_precision
+    import dspark.train.pools
+    from dspark.runtime.machine import fastest_precision
+    from dspark.train.corpus import corpus_order, load_corpus
+    from dspark.train.pipeline import followup_corpus_dir, recipe_corpus_dir, train_default_drafter
+    from dspark.train.pools import load_followup_prompts
 
     toy = toy_recipe(work_dir=tmp_path / "work", sequences_per_step=4, max_new_tokens=192)
     parent = train_default_drafter(tmp_path / "parent", steps=2, **toy)
@@ -458,7 +451,7 @@ def test_the_recipe_answers_sharegpt_followups_and_drops_those_of_held_out_conve
         held["prompts"] = held_out
         return {first[1]}  # as if the second turn answered came from a held-out conversation
 
-    monkeypatch.setattr(dspark.data, "held_out_followups", held_out_followups)
+    monkeypatch.setattr(dspark.train.pools, "held_out_followups", held_out_followups)
     child = train_default_drafter(tmp_path / "child", steps=2, continue_from=parent, followup_prompts=3, **toy)
     meta = json.loads((child / "config.json").read_text(encoding="utf-8"))["metadata"]
     assert (meta["train_sequences"], meta["followup_sequences"], meta["followup_held_out_dropped"]) == (6, 2, 1)
@@ -482,8 +475,9 @@ def test_the_recipe_rebuilds_code_and_math_corpora_from_their_archives_without_a
     archives' answering runs and add one rebuild), the samples hold the same tokens, and a continuation trains on
     them as on the answered corpora. With ``features="lazy"`` nothing is rebuilt up front: the features on disk
     afterwards are those the run read, computed as it read them."""
-    from dspark.corpus import load_corpus, save_answers
-    from dspark.pipeline import (
+    from dspark.runtime.machine import fastest_precision
+    from dspark.train.corpus import load_corpus, save_answers
+    from dspark.train.pipeline import (
         code2_corpus_dir,
         code_corpus_dir,
         math2_corpus_dir,
@@ -492,7 +486,6 @@ def test_the_recipe_rebuilds_code_and_math_corpora_from_their_archives_without_a
         recipe_corpus_dir,
         train_default_drafter,
     )
-    from dspark.training import fastest_precision
 
     toy = toy_recipe(sequences_per_step=4, max_new_tokens=192)
     parent = train_default_drafter(tmp_path / "parent", steps=2, work_dir=tmp_path / "answered", **toy)
@@ -539,8 +532,8 @@ def test_the_recipe_rebuilds_code_and_math_corpora_from_their_archives_without_a
 
 
 def test_the_recipe_precision_resolves_to_a_dtype_this_machine_runs_fast(tmp_path):
-    from dspark.pipeline import train_default_drafter
-    from dspark.training import fastest_precision
+    from dspark.runtime.machine import fastest_precision
+    from dspark.train.pipeline import train_default_drafter
 
     assert fastest_precision("cpu") in ("bf16", "fp32")
     assert fastest_precision("cuda") == "bf16"  # decided without timing: GPUs have bf16 units
@@ -551,7 +544,7 @@ def test_the_recipe_precision_resolves_to_a_dtype_this_machine_runs_fast(tmp_pat
 def test_a_recipe_of_two_phases_trains_them_in_turn_and_a_rerun_skips_both(real_target, tmp_path, capsys):
     """``run_recipe`` end to end at toy size: the second phase continues the first's drafter at its own
     learning rate, and running the recipe again finds both phases written and trains nothing."""
-    from dspark.recipe import run_recipe
+    from dspark.train.recipe import run_recipe
 
     settings = {k: v for k, v in toy_recipe().items() if k != "progress"} | {"answers": str(RECIPE_ANSWERS)}
     recipe = tmp_path / "recipe.json"

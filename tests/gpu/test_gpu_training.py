@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from dspark import DSparkConfig, DSparkDrafter
-from dspark.training import Sample, TrainConfig, Trainer
+from dspark.train.samples import Sample
+from dspark.train.trainer import TrainConfig, Trainer
 
 pytestmark = pytest.mark.gpu
 

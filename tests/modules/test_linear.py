@@ -259,7 +259,7 @@ def test_packed_bf16_linear_is_the_product_rounded_once(lead, features, outputs,
 @needs_onednn_bf16
 @pytest.mark.parametrize("setting", BF16_SETTINGS, ids=["F.linear", "packed"])
 def test_bf16_rows_do_not_depend_on_the_other_rows(setting):
-    # What makes a bf16 verify pass reproduce one-token steps (dspark.invariant): each row of a product of up to
+    # What makes a bf16 verify pass reproduce one-token steps (dspark.runtime.invariant): each row of a product of up to
     # SKINNY_ROWS rows equals that row alone, for the default target's shapes and awkward ones, on any CPU. oneDNN
     # keeps this within the calls bf16_call_rows measures, which differ by CPU and shape ((576, 1536) rounds single
     # rows apart from calls of 2 or more on an AMD EPYC, not on a Xeon; so may odd ones such as (100, 33)); the

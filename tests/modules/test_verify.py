@@ -3,10 +3,10 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from dspark.contract import ACCEPTED, NOT_REACHED, REJECTED
 from dspark.markov import sample_block
 from dspark.sampling import warp_logits
 from dspark.testing import assert_equal, chi_square_pvalue, random_markov_weights
-from dspark.contract import ACCEPTED, NOT_REACHED, REJECTED
 from dspark.verify import verify, verify_greedy
 from tests.strategies import verify_inputs
 

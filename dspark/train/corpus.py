@@ -18,7 +18,7 @@ no second forward over the answers is needed.
 * Every request stays in its batch for one step after its last token, so that token's features are read
   too; a request that has not finished when fewer than ``min_active_fraction`` of its batch are still
   running is cut there (its answer is a truncated, never a wrong, continuation of the prompt).
-* Each sample is one file ``{index:06d}.safetensors`` in the layout of :class:`dspark.training.OfflineFeatures`
+* Each sample is one file ``{index:06d}.safetensors`` in the layout of :class:`dspark.train.features.OfflineFeatures`
   (``hidden_states [S, taps + 1, H]`` in bf16, ``token_ids``, ``loss_mask``), written atomically; a rerun
   skips every sample already on disk, so the corpus resumes after an interruption.
 * :func:`save_answers` keeps a corpus without its features (token ids only: a few MB, small enough to commit)
@@ -42,7 +42,8 @@ from pathlib import Path
 import torch
 
 from dspark.io import atomic_write, atomic_write_text
-from dspark.training import Sample, write_feature_file
+from dspark.train.features import write_feature_file
+from dspark.train.samples import Sample
 
 
 @dataclass
@@ -84,7 +85,7 @@ def answer_batch(target, prompts: list[list[int]], *, max_new_tokens: int, min_a
     length and A the answer's. ``on_step(active)`` is called after every decode step with the number of
     requests fed in it (for progress bars).
     """
-    from dspark.decoding import prefill
+    from dspark.runtime.decoding import prefill
 
     num = len(prompts)
     if not temperature >= 0:
@@ -286,7 +287,7 @@ def load_corpus(directory: str | os.PathLike, keys: list[int] | None = None) -> 
 
     ``keys`` selects prompt indices (e.g. a prefix of :func:`corpus_order`); a selected sample that is missing
     is an error. Each sample's ``key`` is its prompt index, which names its feature file for
-    :class:`dspark.training.OfflineFeatures`.
+    :class:`dspark.train.features.OfflineFeatures`.
     """
     from safetensors import safe_open
 
@@ -504,7 +505,7 @@ def answered_corpus(target, prompts: list[str] | list[list[int]], directory: str
 
     With ``answers`` (an archive of this corpus) the answers it holds are not answered again: their features are
     rebuilt under ``directory`` first (:func:`rebuild_corpus`), or with ``lazy_features`` left for whoever reads
-    them to compute (:class:`dspark.training.OfflineFeatures` given a target computes and stores a missing one),
+    them to compute (:class:`dspark.train.features.OfflineFeatures` given a target computes and stores a missing one),
     so a run pays only for the samples it reads. The prompts the archive lacks are answered, their features
     captured while answering. Returns the samples (token ids and loss masks, no features), by prompt index.
     """

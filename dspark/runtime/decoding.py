@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 import torch
 
 from dspark._checks import check_sampling, check_tensor
+from dspark.contract import VerifyOutput
 from dspark.drafter import DraftOutput
 from dspark.metrics import AcceptanceStats
 from dspark.sampling import sample_from_probs, warp_logits
 from dspark.scheduler import FixedLength, Scheduler, SPSTable
-from dspark.contract import VerifyOutput
 from dspark.verify import verify, verify_greedy
 
 
@@ -225,9 +225,9 @@ def choose_few_row_layout(target, max_tokens: int, *, requests: int = 1, context
     when every request feeds at least 4 rows). For bf16 targets they are ``F.linear`` and, where oneDNN runs bf16,
     oneDNN-packed weights from one row, both in calls that this CPU keeps apart
     (:func:`dspark.linear.bf16_call_rows`), so that each row comes out as it would alone (what
-    :mod:`dspark.invariant` relies on). It keeps the one whose latencies summed over ``requests`` … ``max_tokens``
-    tokens are lowest (:func:`dspark.linear.describe_layout` then says which) and returns the mean of its two
-    tables. The setting is the process's, so the drafter's layers follow it too. The choice changes outputs by
+    :mod:`dspark.runtime.invariant` relies on). It keeps the one whose latencies summed over ``requests`` …
+    ``max_tokens`` tokens are lowest (:func:`dspark.linear.describe_layout` then says which) and returns the mean of
+    its two tables. The setting is the process's, so the drafter's layers follow it too. The choice changes outputs by
     rounding only (in bf16, on a Xeon with AMX, not at all). Profiling the packed layout packs a copy of every
     weight (for fp32, one per bucket of rows it meets: up to four for ``max_tokens`` 32); unless that layout is
     kept, the copies are freed before this returns. On a GPU there is one layout, and this is
@@ -309,7 +309,7 @@ def _check_max_batch(max_batch: int | None) -> None:
 def _admission_groups(pending: list[int], room: int, continuous: bool) -> list[list[int]]:
     """The prompts that join now, in prefill groups: all at once in one batch, or one by one in continuous
     batching, where a request's prefill must not depend on which requests happened to finish beside it (bf16
-    prefills of several rows round each row by the others, see :mod:`dspark.invariant`)."""
+    prefills of several rows round each row by the others, see :mod:`dspark.runtime.invariant`)."""
     joining = pending[:room]
     return [[i] for i in joining] if continuous else [joining] if joining else []
 
@@ -380,7 +380,7 @@ class SpeculativeDecoder:
     """DSpark speculative decoding of a batch of prompts, one round per :meth:`step`; lossless for any drafter.
 
     Args:
-        target: a :class:`dspark.target.TargetModel` whose taps match ``drafter.config.target_layer_ids``.
+        target: a :class:`dspark.runtime.target.TargetModel` whose taps match ``drafter.config.target_layer_ids``.
         drafter: a :class:`dspark.DSparkDrafter` for this target, or any drafter with the same
             ``new_cache`` / ``extend_cache`` / ``draft`` methods (the EAGLE-3-style
             :class:`dspark.eagle3.Eagle3Drafter`; without a confidence head every slot has confidence 1).
@@ -392,7 +392,7 @@ class SpeculativeDecoder:
             ``self.rounds`` (the data STS calibration fits, method.md §5.2).
         record_drafts: keep every drafted block in ``self.drafts`` as ``(requests [n], anchor_positions [n],
             tokens [n, γ])`` of the n requests drafted for (indices into the prompts), on the CPU: what teacher
-            forcing at the same anchors can be compared with (``dspark.training.teacher_forced_tokens``).
+            forcing at the same anchors can be compared with (``dspark.train.features.teacher_forced_tokens``).
 
     After :meth:`start`, ``state`` is the target's decoding state and ``cache`` the drafter's context cache. The
     cache holds every committed token before the anchor whenever the drafter runs; after rounds that drafted

@@ -47,7 +47,8 @@ def read_prompts(source: str | os.PathLike) -> list[str | list[dict]]:
     """
     name = str(source)
     if name in PACKAGED_PROMPTS and not Path(name).exists():
-        from dspark.data import load_code_prompts, load_math_prompts, load_training_prompts
+        from dspark.train.pools import load_code_prompts, load_training_prompts
+        from dspark.train.word_problems import load_math_prompts
 
         return {"sharegpt": load_training_prompts, "code": load_code_prompts, "math": load_math_prompts}[name]()
     path = Path(source)
@@ -178,19 +179,14 @@ def train_for_target(target_path: str | os.PathLike, prompts: str | os.PathLike,
     The work directory ``OUT.work`` holds ``run.json`` (the target's description and every setting, written
     before anything runs), the answered corpus (kept, so a rerun with more steps does not answer again), the
     training checkpoint and, once training ends, ``history.json`` (every step's row; read it with
-    :meth:`dspark.training.History.read`). Returns ``output``.
+    :meth:`dspark.train.trainer.History.read`). Returns ``output``.
     """
-    from dspark.checkpoint import save_drafter
-    from dspark.corpus import answered_corpus
     from dspark.drafter import DSparkDrafter
-    from dspark.training import (
-        OfflineFeatures,
-        TrainConfig,
-        Trainer,
-        calibrate_on_samples,
-        resolve_precision,
-        source_commit,
-    )
+    from dspark.files.checkpoint import save_drafter
+    from dspark.runtime.machine import resolve_precision
+    from dspark.train.corpus import answered_corpus
+    from dspark.train.features import OfflineFeatures
+    from dspark.train.trainer import TrainConfig, Trainer, calibrate_on_samples, source_commit
     from dspark.vocab import build_draft_vocab, token_counts
 
     if objective not in ("dspark", "dflash"):
@@ -263,7 +259,7 @@ def train_for_target(target_path: str | os.PathLike, prompts: str | os.PathLike,
         trainer.resume(checkpoint, target)
     trainer.fit(output_dir=checkpoint, progress=progress)
     clock["train"] = trainer.elapsed
-    atomic_write_text(work / "history.json", json.dumps(trainer.history) + "\n")  # dspark.training.History.read
+    atomic_write_text(work / "history.json", json.dumps(trainer.history) + "\n")  # dspark.train.trainer.History.read
 
     curve = [{k: row[k] for k in ("step", "answer_tokens_seen", "eval_tau_prob", "eval_accuracy")}
              for row in trainer.history if "eval_tau_prob" in row]
@@ -288,7 +284,7 @@ def train_for_target(target_path: str | os.PathLike, prompts: str | os.PathLike,
 
 def _load(path: Path, gguf_file: str | None, dtype: torch.dtype):
     """The target in ``dtype``, with the library's errors for a directory that is not a loadable model."""
-    from dspark.target import load_target
+    from dspark.runtime.target import load_target
 
     try:
         return load_target(path, gguf_file, dtype=dtype)

@@ -1,18 +1,13 @@
 """Training DSpark (and DFlash-baseline) drafters from a target's hidden states (method.md §3, §8).
 
-* Samples are token sequences with a loss mask over the assistant's tokens, answered by the target
-  itself (on-policy; :mod:`dspark.corpus` answers prompts and captures the features in one pass).
-* Hidden states come from a :class:`FeatureSource`: :class:`OnlineFeatures` runs the target in the
-  training process; :class:`OfflineFeatures` reads one safetensors file per sample, written by
-  :func:`write_offline_features` (``hidden_states [seq, taps + 1, H]`` and ``token_ids``, the layout of the
-  speculators tool; the last slice is the target's final-normed hidden state).
-* Anchors, labels, contiguous-prefix masks and position weights follow method.md §3, §8:
-  :func:`sample_anchors`, :func:`block_targets`.
+* Samples (:mod:`dspark.train.samples`) are token sequences with a loss mask over the assistant's tokens;
+  anchors and block targets are cut from them there.
+* Hidden states come from a :class:`dspark.train.features.FeatureSource`.
 * :class:`Trainer`: AdamW, linear warm-up then cosine to 0, gradient clipping, a progress bar, held-out
   evaluation, atomic safetensors checkpoints and a bit-for-bit resume. A step stacks all of its sequences'
   blocks into one :class:`BlockBatch` and runs one forward, loss and backward (:class:`TrainingLoss`).
   Under ``torch.distributed`` every rank takes its share of each step's sequences, the loss denominator Σw
-  is summed over ranks, and DDP or FSDP2 reduce the gradients (:mod:`dspark.distributed`), so the update
+  is summed over ranks, and DDP or FSDP2 reduce the gradients (:mod:`dspark.train.distributed`), so the update
   equals the single-process one up to the order of floating-point sums.
 
 Anchor sampling draws from a generator seeded by (seed, step, sequence index), so which rank handles a
@@ -22,21 +17,20 @@ sequence, and whether the run was resumed, never changes the anchors.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import functools
 import json
 import math
 import os
-import sys
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
 
-from dspark._checks import all_finite, check_tensor
-from dspark.checkpoint import load_drafter, write_drafter_files
-from dspark.distributed import (
+from dspark.drafter import DSparkDrafter
+from dspark.files.checkpoint import load_drafter, write_drafter_files
+from dspark.io import atomic_directory
+from dspark.loss import CE_WEIGHT, CONFIDENCE_WEIGHT, DECAY, L1_WEIGHT, dspark_loss, position_weights, vocab_product
+from dspark.train.distributed import (
     PARALLEL,
     barrier,
     drafter_name,
@@ -48,302 +42,8 @@ from dspark.distributed import (
     world_size,
     wrap_for_data_parallel,
 )
-from dspark.drafter import DSparkDrafter
-from dspark.io import atomic_directory
-from dspark.loss import CE_WEIGHT, CONFIDENCE_WEIGHT, DECAY, L1_WEIGHT, dspark_loss, position_weights, vocab_product
-
-
-@dataclass
-class Sample:
-    """One training sequence: ``token_ids [S]`` and ``loss_mask [S]`` (True on the target's answer).
-
-    ``key`` is its index in the dataset it came from, which names its offline feature file; without one,
-    the index the trainer sees it under is used.
-    """
-
-    token_ids: torch.Tensor
-    loss_mask: torch.Tensor
-    key: int | None = None
-
-    def __post_init__(self):
-        if self.token_ids.ndim != 1 or self.loss_mask.shape != self.token_ids.shape:
-            raise ValueError(f"token_ids and loss_mask must be 1-D of equal length, got {tuple(self.token_ids.shape)} "
-                             f"and {tuple(self.loss_mask.shape)}")
-        self.loss_mask = self.loss_mask.bool()
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Anchors and block targets (method.md §3)
-
-
-def tune_cpu_allocator() -> bool:
-    """Have glibc keep freed memory for reuse instead of handing it back to the system at once.
-
-    A CPU training step allocates and frees dozens of ``[rows, V]`` buffers of tens to hundreds of MB each
-    (a batched step at 16 sequences of the recipe's shape makes 350 MB ones). By default glibc maps every
-    buffer above its mmap threshold afresh and unmaps it when freed, so every step pays the page faults of
-    touching them again: about 15% of a recipe step on 2 cores at 4 sequences, a third at 16. This serves
-    every allocation from the heap (no mmap, since the threshold itself cannot be raised above 32 MiB) and
-    sets the trim threshold to 2 GiB, so freed buffers are reused; the resident set then stays near its peak.
-    Linux with glibc only; returns whether it applied. ``python -m dspark train`` calls it first; in a
-    notebook, call it before training.
-    """
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # not glibc (musl has no mallopt)
-        return False
-    m_trim_threshold, m_mmap_max = -1, -4
-    return bool(mallopt(m_mmap_max, 0)) and bool(mallopt(m_trim_threshold, 2**31 - 1))
-
-
-def sample_anchors(loss_mask: torch.Tensor, num_anchors: int, generator: torch.Generator):
-    """Up to ``num_anchors`` distinct anchors, uniformly without replacement, sorted, padded to that count.
-
-    Position p is a valid anchor iff ``loss_mask[p]`` and ``loss_mask[p + 1]``: the anchor and its first
-    target both lie in the answer. Returns ``(anchor_pos [N] int64, block_valid [N] bool)``.
-    """
-    valid = (loss_mask[:-1] & loss_mask[1:]).nonzero().squeeze(1)
-    take = min(num_anchors, valid.numel())
-    chosen = valid[torch.randperm(valid.numel(), generator=generator)[:take]].sort().values
-    anchor_pos = torch.zeros(num_anchors, dtype=torch.long)
-    anchor_pos[:take] = chosen
-    block_valid = torch.arange(num_anchors) < take
-    return anchor_pos, block_valid
-
-
-def block_targets(token_ids: torch.Tensor, loss_mask: torch.Tensor, anchor_pos: torch.Tensor,
-                  block_valid: torch.Tensor, block_size: int):
-    """Labels and masks of every block (sample-from-anchor layout, method.md §2.1, §3).
-
-    Slot k (0-based) of the block anchored at a predicts ``x[a + k + 1]`` and is supervised while
-    ``a + k + 1 < S`` and ``loss_mask[a + k + 1]`` hold for it and every earlier slot (a contiguous prefix).
-    The target distribution of slot k is the target's next-token distribution at position ``a + k``.
-
-    Args:
-        token_ids, loss_mask: ``[..., S]``; anchor_pos, block_valid: ``[..., N]`` (leading dims: sequences,
-            padded at the end with positions outside the loss mask).
-
-    Returns:
-        ``labels [..., N, γ]``, ``eval_mask [..., N, γ]`` bool, ``next_ids [..., N, γ−1]`` (ground truth
-        x_1..x_{γ−1}, the previous tokens of slots 2..γ) and ``target_index [..., N, γ]`` (positions of p_t),
-        all clamped into range where masked.
-    """
-    seq_len = token_ids.shape[-1]
-    slots = torch.arange(block_size)
-    label_index = anchor_pos[..., None] + slots + 1
-    in_range = label_index < seq_len
-    clamped = label_index.clamp(max=seq_len - 1)
-
-    def at(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-        return values.gather(-1, index.flatten(-2)).view(index.shape)
-
-    supervised = in_range & at(loss_mask, clamped) & block_valid[..., None]
-    eval_mask = supervised.long().cumprod(-1).bool()
-    labels = at(token_ids, clamped)
-    target_index = (anchor_pos[..., None] + slots).clamp(max=seq_len - 1)
-    return labels, eval_mask, labels[..., :-1], target_index
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Hidden-state sources
-
-
-class FeatureSource:
-    """Gives ``(taps [S, taps·H], final_hidden [S, H])`` of a sample's tokens under the target.
-
-    The trainer needs only :meth:`features` (any object with it will do, as :class:`dspark.streaming.StreamedFeatures`
-    is); it calls :meth:`prefetch` with a step's samples before reading them where a source has one."""
-
-    def features(self, index: int, sample: Sample) -> tuple[torch.Tensor, torch.Tensor]:
-        raise NotImplementedError
-
-    def prefetch(self, items: list[tuple[int, Sample]]) -> None:
-        """Get ready to read the ``(index, sample)`` pairs of one step (nothing to do for most sources)."""
-
-
-class OnlineFeatures(FeatureSource):
-    """Runs the target in the training process (nothing on disk)."""
-
-    def __init__(self, target):
-        self.target = target
-
-    @torch.no_grad()
-    def features(self, index, sample):
-        return target_features(self.target, sample.token_ids)
-
-
-@torch.no_grad()
-def target_features(target, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """One full forward of the target over ``token_ids [S]``: taps ``[S, taps·H]`` and final hidden ``[S, H]``."""
-    state = target.new_state(1)
-    ids = token_ids[None].to(target.device)
-    positions = torch.arange(ids.shape[1], device=target.device)[None]
-    step = target.forward(state, ids, positions, torch.ones_like(ids, dtype=torch.bool))
-    return step.taps[0].cpu(), step.hidden[0].cpu()
-
-
-@torch.no_grad()
-def teacher_forced_tokens(drafter: DSparkDrafter, token_ids: torch.Tensor, taps: torch.Tensor, anchors: torch.Tensor,
-                          previous: torch.Tensor) -> torch.Tensor:
-    """The block teacher forcing scores highest at each anchor: what training's evaluation counts as correct.
-
-    Args:
-        token_ids: ``[S]`` one sequence; taps: ``[S, taps·H]`` its target features (:func:`target_features`).
-        anchors: ``[N]`` anchor positions; previous: ``[N, γ − 1]`` the tokens fed to slots 2…γ as the ones
-            before them (the ground truth in training; a decoder's own drafts to replay what it drafted).
-
-    Returns:
-        ``[N, γ]`` the argmax of every slot's draft logits, as target ids.
-    """
-    check_tensor("anchors", anchors, ndim=1, integer=True)
-    if anchors.numel() and (int(anchors.min()) < 0 or int(anchors.max()) >= token_ids.shape[0]):
-        raise ValueError(f"anchors must lie in [0, {token_ids.shape[0]}), got range "
-                         f"[{int(anchors.min())}, {int(anchors.max())}]")
-    dtype = next(drafter.parameters()).dtype
-    logits, _ = drafter.training_logits(token_ids[anchors][None], anchors[None], taps[None].to(dtype), previous[None])
-    best = logits[0].argmax(-1)
-    return drafter.draft_to_target[best] if drafter.reduced_vocab else best
-
-
-def write_offline_features(target, samples: list[Sample], directory: str | os.PathLike, *,
-                           dtype: torch.dtype = torch.bfloat16, progress: bool = True) -> Path:
-    """One ``{index:06d}.safetensors`` per sample; resumable: files already present and valid are kept."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    source = OfflineFeatures(directory, target.tap_layers, target.hidden_size)
-    iterator = range(len(samples))
-    if progress:
-        from tqdm.auto import tqdm
-
-        iterator = tqdm(iterator, desc="target features", unit="seq")
-    for i in iterator:
-        path = directory / f"{i:06d}.safetensors"
-        if path.exists():
-            try:
-                source.read(path, samples[i])
-                continue
-            except Exception:  # unreadable, truncated or for other tokens: compute it again
-                path.unlink()
-        write_feature_file(path, samples[i], *target_features(target, samples[i].token_ids), dtype=dtype)
-    return directory
-
-
-def write_feature_file(path: str | os.PathLike, sample: Sample, taps: torch.Tensor, hidden: torch.Tensor, *,
-                       dtype: torch.dtype = torch.bfloat16) -> None:
-    """One sample in :class:`OfflineFeatures`' layout, atomically: ``hidden_states [S, taps + 1, H]`` (the taps
-    ``[S, taps·H]`` then the final hidden state ``[S, H]``), ``token_ids`` and ``loss_mask``."""
-    import safetensors.torch
-
-    from dspark.io import atomic_write
-
-    stacked = torch.cat([taps.reshape(taps.shape[0], -1, hidden.shape[-1]), hidden[:, None]], 1)
-    tensors = {"hidden_states": stacked.to(dtype).contiguous(), "token_ids": sample.token_ids.contiguous(),
-               "loss_mask": sample.loss_mask.to(torch.uint8).contiguous()}
-    atomic_write(path, lambda tmp: safetensors.torch.save_file(tensors, tmp))
-
-
-class OfflineFeatures(FeatureSource):
-    """Reads what :func:`write_offline_features` wrote, checking token ids, shapes and finiteness.
-
-    Given a ``target``, a sample whose file is missing has its features computed by it when first read, stored
-    in ``dtype`` and read back, so they are the same whether computed now or by an earlier run: a run over a large
-    corpus pays the target's forward only for the samples it reads. :meth:`prefetch` computes a step's missing
-    samples in one padded forward, as :func:`dspark.corpus.rebuild_corpus` computes a batch (a step of four costs
-    per token what the rebuild's batches of 32 do: ``benchmarks/bench_corpus.py --lazy``). ``built`` and
-    ``build_seconds`` count that work.
-    """
-
-    def __init__(self, directory: str | os.PathLike, tap_layers: list[int], hidden_size: int, *, target=None,
-                 dtype: torch.dtype = torch.bfloat16):
-        self.directory = Path(directory)
-        self.num_taps, self.hidden_size = len(tap_layers), hidden_size
-        if target is not None and (list(target.tap_layers) != list(tap_layers) or target.hidden_size != hidden_size):
-            raise ValueError(f"the target taps layers {list(target.tap_layers)} of width {target.hidden_size}, the "
-                             f"features layers {list(tap_layers)} of width {hidden_size}")
-        self.target, self.dtype = target, dtype
-        self.built, self.build_seconds = 0, 0.0
-
-    def read(self, path: Path, sample: Sample):
-        import safetensors.torch
-
-        data = safetensors.torch.load_file(path)
-        states, ids = data.get("hidden_states"), data.get("token_ids")
-        if states is None or ids is None:
-            raise ValueError(f"{path} lacks hidden_states or token_ids")
-        if not torch.equal(ids, sample.token_ids):
-            raise ValueError(f"{path} holds features of different tokens than sample {path.stem}")
-        expected = (ids.shape[0], self.num_taps + 1, self.hidden_size)
-        if tuple(states.shape) != expected:
-            raise ValueError(f"{path}: hidden_states has shape {tuple(states.shape)}, expected {expected}")
-        if not all_finite(states):
-            raise ValueError(f"{path}: hidden_states contains NaN or Inf")
-        states = states.float()
-        return states[:, : self.num_taps].reshape(ids.shape[0], -1), states[:, -1]
-
-    def _path(self, index: int) -> Path:
-        return self.directory / f"{index:06d}.safetensors"
-
-    @torch.no_grad()
-    def prefetch(self, items: list[tuple[int, Sample]]) -> None:
-        """Compute and store, in one padded forward of the target, the features of those ``(index, sample)`` pairs
-        that are not on disk (nothing without a target)."""
-        if self.target is None:
-            return
-        todo = {index: sample for index, sample in items if not self._path(index).exists()}
-        if not todo:
-            return
-        start = time.perf_counter()
-        self.directory.mkdir(parents=True, exist_ok=True)
-        width = max(len(sample.token_ids) for sample in todo.values())
-        ids = torch.zeros(len(todo), width, dtype=torch.long)
-        valid = torch.zeros(len(todo), width, dtype=torch.bool)
-        for row, sample in enumerate(todo.values()):
-            ids[row, : len(sample.token_ids)] = sample.token_ids
-            valid[row, : len(sample.token_ids)] = True
-        taps, hidden = self.target.features(ids, valid)
-        for row, (index, sample) in enumerate(todo.items()):
-            n = len(sample.token_ids)
-            write_feature_file(self._path(index), sample, taps[row, :n].cpu(), hidden[row, :n].cpu(), dtype=self.dtype)
-        self.built += len(todo)
-        self.build_seconds += time.perf_counter() - start
-
-    def features(self, index, sample):
-        self.prefetch([(index, sample)])
-        return self.read(self._path(index), sample)
-
-
-class KeyedFeatures(FeatureSource):
-    """Features from several sources, told apart by key: ``sources`` maps a key offset to a source, and a sample
-    keyed ``k`` reads key ``k - offset`` from the source with the largest offset not above ``k`` (so the samples
-    of several corpora on disk, each keyed from 0, can train together)."""
-
-    def __init__(self, sources: dict[int, FeatureSource]):
-        if not sources or min(sources) != 0:
-            raise ValueError(f"sources need one source at offset 0, got offsets {sorted(sources)}")
-        self.sources = sources
-
-    def _source(self, index: int) -> tuple[int, FeatureSource]:
-        offset = max(o for o in self.sources if o <= index)
-        return offset, self.sources[offset]
-
-    def features(self, index, sample):
-        offset, source = self._source(index)
-        return source.features(index - offset, sample)
-
-    def prefetch(self, items):
-        by_source: dict[int, list[tuple[int, Sample]]] = {}
-        for index, sample in items:
-            offset, _ = self._source(index)
-            by_source.setdefault(offset, []).append((index - offset, sample))
-        for offset, share in by_source.items():
-            self.sources[offset].prefetch(share)
-
-
-# ---------------------------------------------------------------------------------------------------------
-# The trainer
+from dspark.train.features import FeatureSource
+from dspark.train.samples import Sample, block_targets, sample_anchors
 
 
 @dataclass
@@ -371,7 +71,7 @@ class TrainConfig:
     ``auto`` is bf16 on a GPU and fp32 on a CPU. On CPUs with bf16 units ``bf16`` is about twice as fast;
     on CPUs without them it is emulated and far slower (:func:`fastest_precision` measures which).
 
-    ``parallel``: the data-parallel engine under ``torch.distributed`` (:mod:`dspark.distributed`): ``ddp``,
+    ``parallel``: the data-parallel engine under ``torch.distributed`` (:mod:`dspark.train.distributed`): ``ddp``,
     ``fsdp``, ``none`` or ``auto`` (``ddp`` with several ranks). ``sequences_per_step`` is the global batch
     and must divide evenly over the ranks; every engine takes the same steps as one process.
 
@@ -957,42 +657,6 @@ class Trainer:
         return self
 
 
-# ---------------------------------------------------------------------------------------------------------
-# The recipe for the default target
-
-
-@functools.cache
-def fastest_precision(device: str = "cpu") -> str:
-    """``"bf16"`` where bf16 matrix products run faster than fp32 ones on ``device``, else ``"fp32"``.
-
-    On a GPU, bf16. CPUs differ by two orders of magnitude: with bf16 units (AMX, AVX-512 BF16) a bf16
-    product is about twice as fast as an fp32 one, while on AVX2-only CPUs PyTorch emulates bf16 and runs it
-    tens of times slower (70× on a 2-core AVX2 EPYC). So on a CPU a product of the drafter's MLP shape is
-    timed in both, once per process.
-    """
-    if torch.device(device).type == "cuda":
-        return "bf16"
-    best = {}
-    for dtype in (torch.float32, torch.bfloat16):
-        a, b = torch.randn(128, 576, dtype=dtype), torch.randn(576, 768, dtype=dtype)
-        a @ b  # the first call pays one-time dispatch and packing costs
-        times = []
-        for _ in range(3):
-            start = time.perf_counter()
-            a @ b
-            times.append(time.perf_counter() - start)
-        best[dtype] = min(times)
-    return "bf16" if best[torch.bfloat16] < best[torch.float32] else "fp32"
-
-
-def resolve_precision(precision: str, device: str = "cpu") -> str:
-    """``"bf16"`` or ``"fp32"`` for a requested ``precision``: itself, or for ``"auto"`` :func:`fastest_precision`
-    on ``device``; anything else is refused."""
-    if precision not in ("auto", "fp32", "bf16"):
-        raise ValueError(f"precision must be 'auto', 'fp32' or 'bf16', got {precision!r}")
-    return fastest_precision(device) if precision == "auto" else precision
-
-
 # What measurements write: a change there leaves the code that measures as committed.
 MEASUREMENT_OUTPUTS = ("benchmarks/results", "paper/dspark.md", "paper/figures", "paper/provenance.json")
 
@@ -1003,7 +667,7 @@ def source_commit(root: str | os.PathLike | None = None) -> str:
     not a checkout."""
     import subprocess
 
-    root = Path(__file__).resolve().parents[1] if root is None else Path(root)
+    root = Path(__file__).resolve().parents[2] if root is None else Path(root)
     outside = [".", *(f":(exclude){path}" for path in MEASUREMENT_OUTPUTS)]
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True)
@@ -1017,7 +681,7 @@ def source_commit(root: str | os.PathLike | None = None) -> str:
 def calibrate_on_samples(target, drafter: DSparkDrafter, samples: list[Sample], max_new_tokens: int = 48,
                          progress: bool = False) -> dict:
     """STS after training (method.md §5.2): held-out prompts (the unmasked prefix of each sample), T = 1."""
-    from dspark.calibration import calibrate_drafter
+    from dspark.runtime.calibrate import calibrate_drafter
 
     prompts = [s.token_ids[: int(s.loss_mask.nonzero()[0])].tolist() for s in samples if bool(s.loss_mask.any())]
     return calibrate_drafter(target, drafter, prompts, max_new_tokens=max_new_tokens, temperature=1.0,

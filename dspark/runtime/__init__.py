@@ -1,0 +1,1 @@
+"""Decoding with real targets: the target adapter, speculative and plain decoding, prompts, STS by decoding."""
