@@ -5,9 +5,10 @@ import copy
 
 import pytest
 
-import paper.build as builder
 from benchmarks.bench_acceptance import kept_rows, main, reusable_rows
 from dspark.runtime.prompts import DOMAINS
+from paper import common
+from paper.sections import acceptance
 
 SETTINGS = {"offset": 50, "max_new_tokens": 64, "torch": "2.13.0+cpu"}
 TEMPERATURES = [0.0, 1.0]
@@ -51,12 +52,12 @@ def test_nothing_is_reused_when_settings_prompts_or_cells_differ():
 
 
 def test_the_paper_says_which_rows_were_reused_and_when():
-    assert builder.reused_sentence({"rows": []}) == ""
+    assert acceptance.reused_sentence({"rows": []}) == ""
     result = {"reused": {"dflash": {"commit": "abc1234", "date": "2026-12-04T02:00:53+00:00"},
                          "eagle3": {"commit": "abc1234", "date": "2026-12-04T02:00:53+00:00"}}}
-    sentence = builder.reused_sentence(result)
+    sentence = acceptance.reused_sentence(result)
     assert "At commit abc1234 (2026-12-04): DFlash; EAGLE-3-style." in sentence
-    assert {"2026", "12", "04"} <= builder.printed
+    assert {"2026", "12", "04"} <= common.printed
 
 
 @pytest.mark.parametrize("name", ["../acceptance_cpu", "a/b", "", "with space"])

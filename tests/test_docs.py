@@ -9,6 +9,7 @@ import pytest
 
 import paper.build as builder
 from dspark.train.corpus import load_answers
+from paper import common
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "benchmarks" / "README.md"]
@@ -37,7 +38,7 @@ def recorded(tmp_path_factory) -> set[str]:
     for archive in (ROOT / "benchmarks" / "recipes").glob("*.answers.npz"):
         answers = load_answers(archive)
         texts.append(f"{json.dumps(answers.manifest)} {len(answers.keys)} {answers.answer_tokens}")
-    known = STRUCTURAL | {plain(n) for n in builder.printed} | {plain(n) for n in NUMBER.findall(paper)}
+    known = STRUCTURAL | {plain(n) for n in common.printed} | {plain(n) for n in NUMBER.findall(paper)}
     for value in re.findall(r"\d+(?:\.\d+)?", " ".join(texts)):
         known.add(value)
         number = float(value)

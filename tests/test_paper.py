@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 import paper.build as builder
+from paper import common, provenance, stats
+from paper.sections import acceptance, limits, training
 
 ROOT = Path(__file__).resolve().parents[1]
 # Standalone numbers: not part of a word, an identifier, a version string, a decimal or a "§4.3" reference.
@@ -25,25 +27,25 @@ def test_paper_text_is_generated_from_the_results(tmp_path, monkeypatch):
 def test_every_number_in_the_paper_comes_from_a_results_file_or_the_paper(tmp_path, monkeypatch):
     monkeypatch.setattr(builder, "PAPER", tmp_path)
     text = builder.build()
-    stray = sorted({n for n in NUMBER.findall(text) if n not in builder.printed and n not in STRUCTURAL})
+    stray = sorted({n for n in NUMBER.findall(text) if n not in common.printed and n not in STRUCTURAL})
     assert not stray, f"numbers in paper/dspark.md from neither a results file nor the DSpark paper: {stray}"
-    assert builder.quoted, "the paper's own numbers must be quoted beside ours"
+    assert common.quoted, "the paper's own numbers must be quoted beside ours"
 
 
 def test_the_provenance_check_catches_a_typed_number(tmp_path, monkeypatch):
     monkeypatch.setattr(builder, "PAPER", tmp_path)
     text = builder.build() + "\nA speedup of 3.14× that nobody measured.\n"
-    assert "3.14" in {n for n in NUMBER.findall(text) if n not in builder.printed and n not in STRUCTURAL}
+    assert "3.14" in {n for n in NUMBER.findall(text) if n not in common.printed and n not in STRUCTURAL}
 
 
 def test_provenance_is_what_git_says():
     """paper/provenance.json (which the text's provenance lines come from) against git, at the commit it was
     built at: each results file's commit, and the commits and files under its sources changed since."""
-    recorded = json.loads(builder.PROVENANCE.read_text(encoding="utf-8"))
+    recorded = json.loads(provenance.PROVENANCE.read_text(encoding="utf-8"))
     inside = subprocess.run(["git", "rev-parse", "--is-inside-work-tree"], cwd=ROOT, capture_output=True, text=True)
     if inside.returncode != 0:
         pytest.skip("not a git checkout: provenance can only be checked against git history")
-    assert builder.compute_provenance(head=recorded["built_at"]) == recorded
+    assert provenance.compute_provenance(head=recorded["built_at"]) == recorded
 
 
 def test_every_section_with_results_cites_their_commits(tmp_path, monkeypatch):
@@ -62,47 +64,48 @@ def _acceptance_row(drafter, committed, rounds, domain="math"):
 def test_the_paired_gap_resamples_prompts_for_both_drafters_at_once():
     rows = [_acceptance_row("dspark", [30, 20, 10], [10, 10, 10]),
             _acceptance_row("dflash", [20, 20, 20], [10, 10, 10])]
-    gap, low, high = builder._paired_gap(rows, "dspark", "dflash", 0.0, "math")
+    gap, low, high = stats.paired_gap(rows, "dspark", "dflash", 0.0, "math")
     assert gap == pytest.approx(0.0) and low < 0 < high
     # One drafter better on every prompt by the same margin: every resample sees exactly that margin.
     rows[1] = _acceptance_row("dflash", [25, 15, 5], [10, 10, 10])
-    assert builder._paired_gap(rows, "dspark", "dflash", 0.0, "math") == pytest.approx((0.5, 0.5, 0.5))
-    assert builder._paired_gap(rows, "dspark", "dflash", 0.0, "code") is None
-    assert builder._paired_gap(rows[:1], "dspark", "dflash", 0.0, "math") is None
+    assert stats.paired_gap(rows, "dspark", "dflash", 0.0, "math") == pytest.approx((0.5, 0.5, 0.5))
+    assert stats.paired_gap(rows, "dspark", "dflash", 0.0, "code") is None
+    assert stats.paired_gap(rows[:1], "dspark", "dflash", 0.0, "math") is None
 
 
 def test_the_eagle3_budget_sentence_says_what_differs_from_dspark():
     dspark = {"steps": 2000, "train_sequences": 7638, "train_answer_tokens": 1229250}
-    assert builder.eagle3_budget_sentence({"dspark": dspark}) == ""
-    same = builder.eagle3_budget_sentence({"dspark": dspark, "eagle3": dict(dspark)})
+    assert common.eagle3_budget_sentence({"dspark": dspark}) == ""
+    same = common.eagle3_budget_sentence({"dspark": dspark, "eagle3": dict(dspark)})
     assert "same number of steps" in same and "answer tokens" not in same
-    regenerated = builder.eagle3_budget_sentence({"dspark": dspark,
+    regenerated = common.eagle3_budget_sentence({"dspark": dspark,
                                                   "eagle3": {**dspark, "train_answer_tokens": 1229327}})
     assert "(1229327 answer tokens; DSpark's held 1229250)" in regenerated
-    shorter = builder.eagle3_budget_sentence({"dspark": dspark, "eagle3": {**dspark, "steps": 900}})
+    shorter = common.eagle3_budget_sentence({"dspark": dspark, "eagle3": {**dspark, "steps": 900}})
     assert "trained for 900 steps on 7638 sequences, DSpark for 2000 on 7638" in shorter
 
 
 def test_a_paired_gap_says_when_budgets_differ():
-    assert builder._unequal_budget({"dspark": {"steps": 2000}, "dflash": {"steps": 2000}}, "dspark", "dflash") == ""
-    assert builder._unequal_budget({"dspark": {"steps": 2000}}, "dspark", "dflash") == ""
-    sentence = builder._unequal_budget({"dspark": {"steps": 4000}, "dflash": {"steps": 2000}}, "dspark", "dflash")
+    assert acceptance._unequal_budget({"dspark": {"steps": 2000}, "dflash": {"steps": 2000}}, "dspark", "dflash") == ""
+    assert acceptance._unequal_budget({"dspark": {"steps": 2000}}, "dspark", "dflash") == ""
+    sentence = acceptance._unequal_budget({"dspark": {"steps": 4000}, "dflash": {"steps": 2000}}, "dspark", "dflash")
     assert "DSpark was trained for 4000 steps and DFlash for 2000" in sentence
     assert "not at equal training budget" in sentence
-    ablation = builder._unequal_budget({"dspark-ce": {"steps": 1000}, "dspark": {"steps": 4000}}, "dspark", "dspark-ce")
+    ablation = acceptance._unequal_budget({"dspark-ce": {"steps": 1000}, "dspark": {"steps": 4000}}, "dspark",
+                                          "dspark-ce")
     assert "DSpark was trained for 4000 steps and DSpark, CE only for 1000" in ablation
 
 
 def test_dspark_is_compared_with_dflash_at_dflash_budget_when_an_earlier_checkpoint_was_decoded():
-    assert builder.label("dspark-steps8000") == "DSpark at 8000 steps"
-    assert builder.label("dspark-ce") == "DSpark, CE only"
+    assert common.label("dspark-steps8000") == "DSpark at 8000 steps"
+    assert common.label("dspark-ce") == "DSpark, CE only"
     equal = {"dspark": {"steps": 8000}, "dflash": {"steps": 8000}}
-    assert builder._at_budget_of(equal, ["dspark", "dflash"], "dflash") == "dspark"
+    assert acceptance._at_budget_of(equal, ["dspark", "dflash"], "dflash") == "dspark"
     longer = {"dspark": {"steps": 10000}, "dflash": {"steps": 8000}, "dspark-steps8000": {"steps": 8000}}
-    assert builder._at_budget_of(longer, ["dspark", "dflash", "dspark-steps8000"], "dflash") == "dspark-steps8000"
-    assert builder._at_budget_of(longer, ["dspark", "dflash"], "dflash") == "dspark"  # not decoded: no pairs
+    assert acceptance._at_budget_of(longer, ["dspark", "dflash", "dspark-steps8000"], "dflash") == "dspark-steps8000"
+    assert acceptance._at_budget_of(longer, ["dspark", "dflash"], "dflash") == "dspark"  # not decoded: no pairs
     mislabelled = {**longer, "dspark-steps8000": {"steps": 6000}}
-    assert builder._at_budget_of(mislabelled, ["dspark", "dflash", "dspark-steps8000"], "dflash") == "dspark"
+    assert acceptance._at_budget_of(mislabelled, ["dspark", "dflash", "dspark-steps8000"], "dflash") == "dspark"
 
 
 def _continued(steps: list[int], rates: list[float]) -> dict:
@@ -113,18 +116,18 @@ def _continued(steps: list[int], rates: list[float]) -> dict:
 
 
 def test_continuations_are_described_run_by_run():
-    assert builder.continuation_sentence(_continued([4000], [1e-3])) == ""
-    once = builder.continuation_sentence(_continued([4000, 2000], [1e-3, 5e-4]))
+    assert common.continuation_sentence(_continued([4000], [1e-3])) == ""
+    once = common.continuation_sentence(_continued([4000, 2000], [1e-3, 5e-4]))
     assert "continued once, for 2000 more steps at a peak learning rate of 0.0005 over" in once
-    twice = builder.continuation_sentence(_continued([4000, 2000, 2000], [1e-3, 5e-4, 5e-4]))
+    twice = common.continuation_sentence(_continued([4000, 2000, 2000], [1e-3, 5e-4, 5e-4]))
     assert "continued twice, each time for 2000 more steps at a peak learning rate of 0.0005 over" in twice
-    uneven = builder.continuation_sentence(_continued([4000, 2000, 2000, 4000], [1e-3, 5e-4, 5e-4, 5e-4]))
+    uneven = common.continuation_sentence(_continued([4000, 2000, 2000, 4000], [1e-3, 5e-4, 5e-4, 5e-4]))
     assert "continued three times, for 2000, 2000 and 4000 more steps, each at a peak learning rate of 0.0005," \
         in uneven
-    rates = builder.continuation_sentence(_continued([4000, 2000, 2000], [1e-3, 5e-4, 1e-4]))
+    rates = common.continuation_sentence(_continued([4000, 2000, 2000], [1e-3, 5e-4, 1e-4]))
     assert "continued twice, for 2000 more steps at a peak learning rate of 0.0005, then for 2000 more steps at a " \
            "peak learning rate of 0.0001, over" in rates
-    grouped = builder.continuation_sentence(_continued([4000, 2000, 2000, 4000, 8000], [1e-3, 5e-4, 5e-4, 5e-4, 4e-4]))
+    grouped = common.continuation_sentence(_continued([4000, 2000, 2000, 4000, 8000], [1e-3, 5e-4, 5e-4, 5e-4, 4e-4]))
     assert "continued four times, for 2000, 2000 and 4000 more steps at a peak learning rate of 0.0005, then for " \
            "8000 more steps at a peak learning rate of 0.0004, over" in grouped
     assert rates.startswith(" Its first 4000 steps were the recipe's;")
@@ -144,7 +147,7 @@ def test_the_generalization_table_names_each_run_and_a_mean_s_ingredients():
         row("mean", 67000, 2.19, average_of=["shipped", "slow", "elsewhere"]),
         row("deep", 65000, 2.146, layers=3, lr=2e-4, dropout=0.1),
         row("chatty", 65000, 2.17, dropout=0.1, followup_prompts=6144)]}
-    text = builder.generalization_bullet(result)
+    text = limits.generalization_bullet(result)
     assert "| 1 | `shipped` | shipped | 2.140 | 2.700 | 0.560 | 3.20 | 2.140 → 2.090 (59000) → 2.140 |" in text
     assert "| 2 | `parent` | its parent |" in text
     assert "| 3 | `slow` | 6000 steps more, 4096 sampled answers (T = 0.7), peak learning rate 0.0001 |" in text
@@ -187,7 +190,7 @@ def test_a_continuation_that_clears_three_seeds_spread_is_judged_by_decoding():
     directories = {"shipped": "a/shipped-dir", "new": "/b/best-dir", "twin": "c/twin-dir"}
     decoded = {"max_new_tokens": 64, "drafters": directories,
                "rows": decoded_rows("shipped", False) + decoded_rows("new", True) + decoded_rows("twin", False)}
-    text = builder.generalization_bullet(result, decoded)
+    text = limits.generalization_bullet(result, decoded)
     assert "None of them was shipped" not in text
     assert "The best, #3, clears three times the seed spread over the shipped drafter (+0.040), so it was " \
            "decoded before deciding whether to ship it: greedy, every slot verified, 4 held-out prompts a " \
@@ -199,7 +202,7 @@ def test_a_continuation_that_clears_three_seeds_spread_is_judged_by_decoding():
            "behind in chat, level in code (" in text
     assert text.endswith("The shipped drafter stays: what #3 gained on held-out sequences shows in decoding as "
                          "+0.000 τ on average.")
-    undecoded = builder.generalization_bullet(result, None)
+    undecoded = limits.generalization_bullet(result, None)
     assert undecoded.endswith("(+0.040), and is to be decoded before deciding whether to ship it (`python "
                               "benchmarks/bench_acceptance.py --drafters shipped=DIR best=DIR --temperatures 0 "
                               "--name acceptance_candidates_cpu`).")
@@ -221,16 +224,16 @@ def test_rows_kept_from_earlier_runs_say_when_they_were_measured_and_decoded():
                     for name in ("shipped", "old", "new") for domain in ("math", "code", "chat")]
     decoded = {"max_new_tokens": 64, "rows": decoded_rows, "reused": {"old": then},
                "drafters": {"shipped": "a/shipped-dir", "old": "b/old-dir", "new": "c/new-dir"}}
-    text = builder.generalization_bullet(result, decoded)
+    text = limits.generalization_bullet(result, decoded)
     assert "Rows of drafters that are no longer on disk were kept from the runs that measured them (`--keep`), on " \
            "the same sequences: #2 at commit abc1234 (2026-12-05); #1 and #3 in this run (CPU (AMD EPYC, 2 cores), " \
            "torch 2.13.0+cpu, Triton 3.9.0, commit def5678)." in text
     assert "The rows of #2 are those decoded at commit abc1234 (2026-12-05), on the same prompts with the same " \
            "settings (`--reuse`, `--keep`)." in text
-    assert {"abc1234", "2026", "12", "05"} <= builder.printed
+    assert {"abc1234", "2026", "12", "05"} <= common.printed
     result["rows"][1].pop("measured")
     decoded.pop("reused")
-    fresh = builder.generalization_bullet(result, decoded)
+    fresh = limits.generalization_bullet(result, decoded)
     assert "--keep" not in fresh and "no longer on disk" not in fresh
 
 
@@ -239,57 +242,57 @@ def test_the_limits_say_whether_a_grown_layer_paid():
         return {"drafter": name, "steps": steps, "layers": layers, "held_out": {"tau_prob": held}, **extra}
 
     shipped = row("shipped", 61000, 2.14, 2)
-    assert builder.grown_sentence(None) == ""
-    assert builder.grown_sentence({"rows": [shipped, row("longer", 65000, 2.15, 2)]}) == ""
-    flat = builder.grown_sentence({"rows": [shipped, row("deep", 65000, 2.146, 3),
+    assert limits.grown_sentence(None) == ""
+    assert limits.grown_sentence({"rows": [shipped, row("longer", 65000, 2.15, 2)]}) == ""
+    flat = limits.grown_sentence({"rows": [shipped, row("deep", 65000, 2.146, 3),
                                             row("mean", 65000, 2.2, 3, average_of=["deep", "shipped"])]})
     assert flat == (" Growing layers onto the shipped drafter did not pay: at 3 layers and 4000 steps more it reached "
                     "held-out τ_prob 2.146 against 2.140 (below), so more layers would mean training from scratch as "
                     "well.")
     # A gain of three seeds' spread (0.03) is a result, not a limit: the sentence is left out.
-    assert builder.grown_sentence({"rows": [shipped, row("deep", 65000, 2.18, 3)]}) == ""
+    assert limits.grown_sentence({"rows": [shipped, row("deep", 65000, 2.18, 3)]}) == ""
 
 
 def test_a_continuation_that_added_prompt_pools_says_so_and_from_which_step():
     plain = _continued([4000, 2000], [1e-3, 5e-4])
-    assert "over the same sequences (" in builder.continuation_sentence(plain)
-    assert builder.pool_start_steps(plain) == {}
+    assert "over the same sequences (" in common.continuation_sentence(plain)
+    assert common.pool_start_steps(plain) == {}
     with_code = _continued([4000, 2000, 8000], [1e-3, 5e-4, 3e-4])
     with_code["arguments"]["code_prompts"] = 1600
-    sentence = builder.continuation_sentence(with_code)
+    sentence = common.continuation_sentence(with_code)
     assert "over the same ShareGPT sequences, the last run with 1600 standard-library code prompts added (" in sentence
-    assert builder.pool_start_steps(with_code) == {"code": 6000}
+    assert common.pool_start_steps(with_code) == {"code": 6000}
     both = {"arguments": {"steps": 6000, "lr": 3e-4, "code_prompts": 1600, "math_prompts": 1200},
             "parent": {"run": with_code}}
-    sentence = builder.continuation_sentence(both)
+    sentence = common.continuation_sentence(both)
     assert "the last 2 runs with 1600 standard-library code prompts added and the last run with 1200 word problems " \
            "added (§2)" in sentence
-    assert builder.pool_start_steps(both) == {"code": 6000, "math": 14000}
+    assert common.pool_start_steps(both) == {"code": 6000, "math": 14000}
     three = {"arguments": {"steps": 4000, "lr": 3e-4, "code_prompts": 1600, "math_prompts": 1200,
                            "math2_prompts": 800}, "parent": {"run": both}}
     assert "the last 3 runs with 1600 standard-library code prompts added, the last 2 runs with 1200 word problems " \
            "added and the last run with 800 second-series word problems added (§2)" in \
-           builder.continuation_sentence(three)
-    assert builder.shipped_pools_clause({"code_sequences": 1, "math_sequences": 1, "math2_sequences": 1}) == \
+           common.continuation_sentence(three)
+    assert acceptance.shipped_pools_clause({"code_sequences": 1, "math_sequences": 1, "math2_sequences": 1}) == \
         " (the shipped DSpark drafter's later training also on standard-library code prompts, word problems and " \
         "second-series word problems)"
     four = {"arguments": {"steps": 3000, "lr": 3e-4, "code_prompts": 1600, "math_prompts": 1200,
                           "math2_prompts": 800, "math3_prompts": 600}, "parent": {"run": three}}
     assert "the last 4 runs with 1600 standard-library code prompts added, the last 3 runs with 1200 word problems " \
            "added, the last 2 runs with 800 second-series word problems added and the last run with 600 " \
-           "third-series word problems added (§2)" in builder.continuation_sentence(four)
-    assert builder.pool_counts({"math2_sequences": 800, "math3_sequences": 600}) == \
+           "third-series word problems added (§2)" in common.continuation_sentence(four)
+    assert common.pool_counts({"math2_sequences": 800, "math3_sequences": 600}) == \
         "800 of them second-series word problems, 600 third-series word problems"
     five = {"arguments": {"steps": 2000, "lr": 3e-4, "code_prompts": 1600, "math_prompts": 1200,
                           "math2_prompts": 800, "math3_prompts": 600, "code2_prompts": 400}, "parent": {"run": four}}
-    assert "and the last run with 400 second-series code prompts added (§2)" in builder.continuation_sentence(five)
-    assert builder.pool_counts({"code_sequences": 1600, "code2_sequences": 400}) == \
+    assert "and the last run with 400 second-series code prompts added (§2)" in common.continuation_sentence(five)
+    assert common.pool_counts({"code_sequences": 1600, "code2_sequences": 400}) == \
         "1600 of them code prompts, 400 second-series code prompts"
-    assert builder.pool_counts({"code_sequences": 1600, "math_sequences": 1200}) == \
+    assert common.pool_counts({"code_sequences": 1600, "math_sequences": 1200}) == \
         "1600 of them code prompts, 1200 word problems"
-    assert builder.pool_counts({"code_sequences": 0, "math_sequences": 1200, "math2_sequences": 800}) == \
+    assert common.pool_counts({"code_sequences": 0, "math_sequences": 1200, "math2_sequences": 800}) == \
         "1200 of them word problems, 800 second-series word problems"
-    assert builder.pool_counts({"code_sequences": 0}) == ""
+    assert common.pool_counts({"code_sequences": 0}) == ""
 
 
 def test_the_phases_each_arm_ran_are_counted_from_the_runs_it_recorded():
@@ -297,15 +300,15 @@ def test_the_phases_each_arm_ran_are_counted_from_the_runs_it_recorded():
         return {name: {"run": _continued([4000] + [2000] * (n - 1), [1e-3] + [5e-4] * (n - 1))}
                 for name, n in runs.items()}
 
-    assert builder.phases_clause(arms(dspark=1, dflash=1)) == ""
-    assert builder.phases_clause(arms(dspark=5, dflash=3, eagle3=1)) == \
+    assert training.phases_clause(arms(dspark=1, dflash=1)) == ""
+    assert training.phases_clause(arms(dspark=5, dflash=3, eagle3=1)) == \
         ", each phase continuing the drafter the phase before it wrote (phases run: DSpark 5; DFlash 3; " \
         "EAGLE-3-style 1)"
 
 
 def test_the_command_the_paper_gives_names_the_recipes_arms():
-    recipe = json.loads(builder.RECIPE.read_text(encoding="utf-8"))
-    command = builder.recipe_command()
+    recipe = json.loads(training.RECIPE.read_text(encoding="utf-8"))
+    command = training.recipe_command()
     assert command.startswith("`python -m dspark train --config benchmarks/recipes/smollm2_drafter.json [--arm ")
     assert all(arm in command for arm in recipe["arms"])
 
@@ -313,16 +316,16 @@ def test_the_command_the_paper_gives_names_the_recipes_arms():
 def test_dspark_trained_longer_is_also_read_at_dflash_steps():
     dflash = {"steps": 8000, "final": {"eval_tau_prob": 1.6}}
     longer = {"steps": 12000, "curve": [{"step": 8000, "eval_tau_prob": 1.8}, {"step": 12000, "eval_tau_prob": 1.9}]}
-    assert builder._at_dflash_steps({"dspark": longer, "dflash": dflash}) == \
+    assert training._at_dflash_steps({"dspark": longer, "dflash": dflash}) == \
         " At DFlash's 8000 steps DSpark had 1.800 against DFlash's 1.600."
-    assert builder._at_dflash_steps({"dspark": {**longer, "steps": 8000}, "dflash": dflash}) == ""
-    assert builder._at_dflash_steps({"dspark": {**longer, "curve": []}, "dflash": dflash}) == ""
+    assert training._at_dflash_steps({"dspark": {**longer, "steps": 8000}, "dflash": dflash}) == ""
+    assert training._at_dflash_steps({"dspark": {**longer, "curve": []}, "dflash": dflash}) == ""
 
 
 def test_a_reweighted_loss_is_named_and_the_recipe_loss_is_not():
-    assert builder.loss_difference({"ce_weight": None, "l1_weight": None}) == ""
-    assert builder.loss_difference({}) == ""
-    sentence = builder.loss_difference({"ce_weight": 1.0, "l1_weight": 0.0})
+    assert acceptance.loss_difference({"ce_weight": None, "l1_weight": None}) == ""
+    assert acceptance.loss_difference({}) == ""
+    sentence = acceptance.loss_difference({"ce_weight": 1.0, "l1_weight": 0.0})
     assert "cross-entropy by 1 and L1 by 0, where the recipe weighs them by 0.1 and 0.9" in sentence
 
 
@@ -332,17 +335,17 @@ def test_paired_cells_need_every_domain_at_both_temperatures():
                 "per_prompt": {"committed": committed, "rounds": rounds}}
 
     rows = [row(n, t, d, c, [2, 2]) for n, c in (("a", [4, 4]), ("b", [2, 2]))
-            for t in (0.0, 1.0) for d in builder.DOMAINS]
-    cells = builder._paired_cells(rows, "a", "b")
+            for t in (0.0, 1.0) for d in common.DOMAINS]
+    cells = acceptance._paired_cells(rows, "a", "b")
     assert cells[0.0].startswith("math +1.000 [+1.000, +1.000]")  # τ 2 against 1 on every prompt
-    assert builder._paired_cells(rows[:-1], "a", "b") is None
+    assert acceptance._paired_cells(rows[:-1], "a", "b") is None
 
 
 def test_a_named_dtype_is_not_an_earlier_recipe_where_the_recipe_says_auto():
     recipe = {"precision": "auto", "lr": 0.001, "steps": 4000}
-    assert builder.recipe_difference({"precision": "bf16", "lr": 0.001, "steps": 2000}, recipe) == ""
-    assert "lr 0.003" in builder.recipe_difference({"precision": "bf16", "lr": 0.003}, recipe)
-    assert "precision fp32" in builder.recipe_difference({"precision": "fp32"}, {"precision": "bf16"})
+    assert common.recipe_difference({"precision": "bf16", "lr": 0.001, "steps": 2000}, recipe) == ""
+    assert "lr 0.003" in common.recipe_difference({"precision": "bf16", "lr": 0.003}, recipe)
+    assert "precision fp32" in common.recipe_difference({"precision": "fp32"}, {"precision": "bf16"})
 
 
 def test_a_continuation_on_another_loss_is_named_and_set_beside_its_twin():
@@ -354,7 +357,7 @@ def test_a_continuation_on_another_loss_is_named_and_set_beside_its_twin():
     result = {"samples": 48, "rows": [shipped, row("l1", 63500, 2.179),
                                       row("ce", 63500, 2.15, ce_weight=1.0, l1_weight=0.0),
                                       row("mixed", 63500, 2.18, ce_weight=0.5, l1_weight=0.5)]}
-    text = builder.generalization_bullet(result)
+    text = limits.generalization_bullet(result)
     assert "| 3 | `ce` | 2500 steps more, 32768 later ShareGPT turns, cross-entropy alone |" in text
     assert "| 4 | `mixed` | 2500 steps more, 32768 later ShareGPT turns, 0.5·CE + 0.5·L1 |" in text
     assert "Trained on cross-entropy alone (#3), the drafter ends below #2, the same run on the recipe's loss " \
@@ -371,7 +374,7 @@ def _curve_result(taus: dict[str, list[tuple[int, float, float, float]]]) -> dic
             name = arm if steps == points[-1][0] else f"{arm}-steps{steps}"
             meta[name] = {"steps": steps, "curve": [{"step": steps, "answer_tokens_seen": 640 * steps}]}
             rows += [{"drafter": name, "temperature": 0.0, "domain": d, "tau": t, "prompts": 24}
-                     for d, t in zip(builder.DOMAINS, values)]
+                     for d, t in zip(common.DOMAINS, values)]
     return {"rows": rows, "drafter_metadata": meta, "max_new_tokens": 64}
 
 
@@ -379,32 +382,32 @@ def test_decoded_tau_is_fitted_per_doubling_of_the_tokens_seen():
     result = _curve_result({"dspark": [(1000, 1.5, 1.4, 1.3), (2000, 1.6, 1.5, 1.4), (4000, 1.7, 1.6, 1.5),
                                        (8000, 1.8, 1.7, 1.5)],
                             "dflash": [(1000, 1.45, 1.35, 1.3), (2000, 1.5, 1.4, 1.45)]})
-    arms = builder.decoded_points(result)
+    arms = common.decoded_points(result)
     assert [p["name"] for p in arms["dspark"]] == ["dspark-steps1000", "dspark-steps2000", "dspark-steps4000",
                                                    "dspark"]
     assert arms["dspark"][-1]["tokens"] == 640 * 8000
-    assert builder.slope_per_doubling(arms["dspark"][:3]) == pytest.approx(0.1)
-    assert builder.slope_per_doubling(arms["dspark"], lambda p: p["tau"]["math"]) == pytest.approx(0.1)
+    assert stats.slope_per_doubling(arms["dspark"][:3]) == pytest.approx(0.1)
+    assert stats.slope_per_doubling(arms["dspark"], lambda p: p["tau"]["math"]) == pytest.approx(0.1)
     # At least a quarter of the last checkpoint's tokens: 2000, 4000 and 8000 steps, where chat gained 0.05 a doubling.
-    assert [p["steps"] for p in builder.late_points(arms["dspark"])] == [2000, 4000, 8000]
-    sentence = builder._decoded_doublings_to(result, 2.5, seconds=3600.0)
-    mean = builder.slope_per_doubling(arms["dspark"])
+    assert [p["steps"] for p in common.late_points(arms["dspark"])] == [2000, 4000, 8000]
+    sentence = limits._decoded_doublings_to(result, 2.5, seconds=3600.0)
+    mean = stats.slope_per_doubling(arms["dspark"])
     doublings = (2.5 - arms["dspark"][-1]["mean"]) / mean
     assert f"gained {mean:.2f} per doubling" in sentence
     assert f"about {doublings:.0f} more doublings" in sentence
     assert f"about {2 ** doublings:.0f} hours of training" in sentence
     assert "chat gained 0.05 per doubling" in sentence
-    assert builder._decoded_doublings_to(None, 2.5, None) == ""
+    assert limits._decoded_doublings_to(None, 2.5, None) == ""
     flat = _curve_result({"dspark": [(1000, 1.5, 1.5, 1.5), (2000, 1.5, 1.5, 1.5), (4000, 1.5, 1.4, 1.5)]})
-    assert "has not risen with the tokens seen; it stands at 1.467" in builder._decoded_doublings_to(flat, 2.5, None)
+    assert "has not risen with the tokens seen; it stands at 1.467" in limits._decoded_doublings_to(flat, 2.5, None)
 
 
 def test_the_decoded_curve_compares_the_arms_at_equal_steps(tmp_path, monkeypatch):
     result = _curve_result({"dspark": [(1000, 1.5, 1.4, 1.3), (2000, 1.6, 1.5, 1.4), (4000, 1.7, 1.6, 1.5)],
                             "dflash": [(1000, 1.45, 1.35, 1.3), (2000, 1.6, 1.5, 1.45)]})
-    monkeypatch.setattr(builder, "load", lambda name, cited=True: result if name == "acceptance_curve_cpu" else None)
+    monkeypatch.setattr(training, "load", lambda name, cited=True: result if name == "acceptance_curve_cpu" else None)
     out: list[str] = []
-    builder._decoded_curve(out, tmp_path)
+    training._decoded_curve(out, tmp_path)
     text = "\n".join(out)
     assert "Mean τ rose from 1.400 to 1.600, about 0.10 per doubling" in text
     assert "From 1000 steps on (3 checkpoints) the rates were math +0.10, code +0.10, chat +0.10." in text
@@ -419,8 +422,8 @@ def test_the_decoded_curve_names_the_pools_that_joined_its_late_stretch(tmp_path
     run["arguments"]["math_prompts"] = 4000
     curve = [{"step": steps, "answer_tokens_seen": 640 * steps} for steps in (2000, 4000)]
     result["drafter_metadata"]["dspark"].update(run=run, curve=curve)
-    monkeypatch.setattr(builder, "load", lambda name, cited=True: result if name == "acceptance_curve_cpu" else None)
+    monkeypatch.setattr(training, "load", lambda name, cited=True: result if name == "acceptance_curve_cpu" else None)
     out: list[str] = []
-    builder._decoded_curve(out, tmp_path)
+    training._decoded_curve(out, tmp_path)
     assert "the rates were math +0.15, code +0.10, chat +0.01, while word problems joined the data (§2); chat, whose " \
            "ShareGPT data stayed the same, stayed nearly flat. The curve is that of this drafter's path" in out[0]

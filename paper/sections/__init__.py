@@ -1,0 +1,1 @@
+"""One module per section of paper/dspark.md, each appending its text to the page being built."""
