@@ -38,6 +38,15 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
         raise
 
 
+def restore_interrupted(path: str | os.PathLike) -> None:
+    """Put back the folder at ``path`` if a process died between :func:`atomic_directory`'s two renames (the old
+    folder moved aside, the new one not yet in place): readers and the next writer then find the old folder."""
+    path = Path(path)
+    old = path.with_name(f".{path.name}.old")
+    if old.is_dir() and not path.exists():
+        os.replace(old, path)
+
+
 @contextlib.contextmanager
 def atomic_directory(path: str | os.PathLike):
     """Yield a temporary folder beside ``path``; on success it replaces ``path`` in one rename.
@@ -46,6 +55,7 @@ def atomic_directory(path: str | os.PathLike):
     with the mode ``open`` would give them (some writers, safetensors among them, make files private)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    restore_interrupted(path)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
         os.chmod(tmp, _mode(0o777))

@@ -8,6 +8,7 @@ that serving engines load.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -16,7 +17,7 @@ import torch
 
 from dspark.config import DSparkConfig
 from dspark.drafter import DSparkDrafter
-from dspark.io import atomic_directory
+from dspark.io import atomic_directory, restore_interrupted
 
 FORMAT = "dspark-drafter/1"
 SHARED = ("embed_tokens.weight", "lm_head.weight")
@@ -39,7 +40,8 @@ def save_drafter(drafter: DSparkDrafter, directory: str | os.PathLike, *, includ
 def write_drafter_files(drafter: DSparkDrafter, directory: Path, *, include_shared: bool = False,
                         dtype: torch.dtype | None = None, metadata: dict | None = None,
                         state: dict[str, torch.Tensor] | None = None) -> None:
-    """``config.json`` and ``model.safetensors`` into an existing (temporary) folder.
+    """``config.json`` and ``model.safetensors`` into an existing (temporary) folder; ``config.json`` records the
+    weights file's sha256, which :func:`load_drafter` checks.
 
     ``state``: the weights to write when they are not ``drafter.state_dict()`` (a sharded run's, gathered).
     """
@@ -53,13 +55,23 @@ def write_drafter_files(drafter: DSparkDrafter, directory: Path, *, include_shar
         if dtype is not None and value.is_floating_point():
             value = value.to(dtype)
         tensors[name] = value
-    config = {"format": FORMAT, "architecture": getattr(drafter, "architecture", "dspark"),
-              "dspark_config": drafter.config.to_dict(), "includes_shared": include_shared, "metadata": metadata or {}}
-    (directory / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     safetensors.torch.save_file(tensors, directory / "model.safetensors")
+    config = {"format": FORMAT, "architecture": getattr(drafter, "architecture", "dspark"),
+              "dspark_config": drafter.config.to_dict(), "includes_shared": include_shared, "metadata": metadata or {},
+              "sha256": _sha256(directory / "model.safetensors")}
+    (directory / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 24), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def read_checkpoint_config(directory: str | os.PathLike) -> dict:
+    restore_interrupted(directory)
     path = Path(directory) / "config.json"
     if not path.exists():
         raise FileNotFoundError(f"no config.json in {directory}")
@@ -76,6 +88,7 @@ def load_drafter(directory: str | os.PathLike, target=None, *, dtype: torch.dtyp
     DSpark and DFlash checkpoints give a :class:`DSparkDrafter`, EAGLE-3 ones an
     :class:`dspark.eagle3.Eagle3Drafter`.
     """
+    import safetensors
     import safetensors.torch
 
     meta = read_checkpoint_config(directory)
@@ -92,13 +105,23 @@ def load_drafter(directory: str | os.PathLike, target=None, *, dtype: torch.dtyp
         drafter = DSparkDrafter(config)
     else:
         raise ValueError(f"unknown drafter architecture {architecture!r} in {directory}")
-    tensors = safetensors.torch.load_file(Path(directory) / "model.safetensors")
-    missing, unexpected = drafter.load_state_dict(tensors, strict=False)
+    weights = Path(directory) / "model.safetensors"
+    if meta.get("sha256") and _sha256(weights) != meta["sha256"]:  # checkpoints older than the digest have none
+        raise ValueError(f"{weights} does not match the sha256 its config.json records: the file is corrupt or was "
+                         "replaced; write the checkpoint again")
+    try:
+        tensors = safetensors.torch.load_file(weights)
+    except (OSError, safetensors.SafetensorError) as error:
+        raise ValueError(f"{weights} is not a readable safetensors file ({error}): truncated or corrupt") from error
+    try:
+        missing, unexpected = drafter.load_state_dict(tensors, strict=False)
+    except RuntimeError as error:  # a tensor of another shape than config.json gives it
+        raise ValueError(f"{weights} does not fit {Path(directory) / 'config.json'}: {error}") from error
     if unexpected:
-        raise ValueError(f"checkpoint has tensors this drafter does not: {sorted(unexpected)}")
+        raise ValueError(f"{weights} has tensors this drafter does not: {sorted(unexpected)}")
     missing = set(missing) - set(SHARED)
     if missing:
-        raise ValueError(f"checkpoint lacks tensors: {sorted(missing)}")
+        raise ValueError(f"{weights} lacks tensors: {sorted(missing)}")
     if not meta.get("includes_shared"):
         if target is None:
             raise ValueError("this checkpoint does not store the shared embedding and LM head: pass the target")

@@ -345,19 +345,51 @@ def load_target(path: str | os.PathLike, gguf_file: str | None = None, *, dtype=
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if not Path(path).is_dir():
+        raise ValueError(f"no model directory {path}")
     if gguf_file is None:
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
+        tokenizer = _loaded(path, "tokenizer", lambda: AutoTokenizer.from_pretrained(path, local_files_only=True))
+        model = _loaded(path, "config and weights", lambda: AutoModelForCausalLM.from_pretrained(
+            path, dtype=dtype, local_files_only=True))
         return TargetModel(model, tokenizer, tap_layers, invariant_attention=invariant_attention)
     source = Path(path) / gguf_file
     if not source.is_file():
         raise ValueError(f"no GGUF file {source}")
     cached = Path(cache_dir) if cache_dir is not None else cache_root() / "gguf" / _gguf_key(source)
-    if not (cached / "model.safetensors").exists():
+
+    def convert() -> None:
         tokenizer = AutoTokenizer.from_pretrained(path, gguf_file=gguf_file)
         model = AutoModelForCausalLM.from_pretrained(path, gguf_file=gguf_file, dtype=torch.float32)
         _write_cache(cached, model, tokenizer)
+
+    convert_once(cached, convert)
     return _load_cached(cached, dtype, tap_layers, invariant_attention)
+
+
+def _loaded(path, part: str, load):
+    """``load()``, with transformers' errors for a directory that lacks ``part`` (or holds a broken one) turned into
+    a ``ValueError`` that names the directory and the part."""
+    from safetensors import SafetensorError
+
+    try:
+        return load()
+    except (OSError, ValueError, KeyError, SafetensorError) as error:
+        raise ValueError(f"{path}: cannot load its {part} ({type(error).__name__}: {error})") from error
+
+
+def convert_once(directory: Path, convert) -> None:
+    """Run ``convert()`` (which writes ``directory`` atomically) unless ``directory/model.safetensors`` exists, under
+    a lock file beside it: of several processes converting one target at once, one converts and the others wait
+    for it and find the result, where each would otherwise spend minutes writing the same folder."""
+    import fcntl
+
+    if (directory / "model.safetensors").exists():
+        return
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    with open(directory.with_name(f".{directory.name}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when the process dies
+        if not (directory / "model.safetensors").exists():
+            convert()
 
 
 def load_default_target(*, dtype=torch.float32, tap_layers: list[int] | None = None,

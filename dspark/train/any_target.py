@@ -184,6 +184,7 @@ def train_for_target(target_path: str | os.PathLike, prompts: str | os.PathLike,
     from dspark.drafter import DSparkDrafter
     from dspark.files.checkpoint import save_drafter
     from dspark.runtime.machine import resolve_precision
+    from dspark.runtime.target import load_target
     from dspark.train.corpus import answered_corpus
     from dspark.train.features import OfflineFeatures
     from dspark.train.trainer import TrainConfig, Trainer, calibrate_on_samples, source_commit
@@ -194,8 +195,6 @@ def train_for_target(target_path: str | os.PathLike, prompts: str | os.PathLike,
     if max_new_tokens < 1 or (num_prompts is not None and num_prompts < 2):
         raise ValueError("max_new_tokens must be positive and num_prompts at least 2")
     target_path = Path(target_path)
-    if not target_path.is_dir():
-        raise ValueError(f"no model directory {target_path}")
     resolved = resolve_precision(precision)
     # Refused now rather than after hours of answering.
     TrainConfig(steps=steps, objective=objective, num_anchors=num_anchors, sequences_per_step=sequences_per_step,
@@ -205,8 +204,8 @@ def train_for_target(target_path: str | os.PathLike, prompts: str | os.PathLike,
     clock: dict[str, float] = {}
     t0 = time.perf_counter()
     texts = read_prompts(prompts)
-    target = _load(target_path, gguf_file, torch.float32)
-    answering = target if resolved == "fp32" else _load(target_path, gguf_file, torch.bfloat16)
+    target = load_target(target_path, gguf_file)
+    answering = target if resolved == "fp32" else load_target(target_path, gguf_file, dtype=torch.bfloat16)
     encoded = encode_prompts(target, texts, plain_text=plain_text)
     count = len(encoded) if num_prompts is None else min(num_prompts, len(encoded))
     held = default_held_out(count) if held_out is None else held_out
@@ -280,17 +279,6 @@ def train_for_target(target_path: str | os.PathLike, prompts: str | os.PathLike,
         print(f"held-out τ_prob {curve[0]['eval_tau_prob']:.3f} before training, {curve[-1]['eval_tau_prob']:.3f} "
               f"after {trainer.step} steps")
     return path
-
-
-def _load(path: Path, gguf_file: str | None, dtype: torch.dtype):
-    """The target in ``dtype``, with the library's errors for a directory that is not a loadable model."""
-    from dspark.runtime.target import load_target
-
-    try:
-        return load_target(path, gguf_file, dtype=dtype)
-    except (OSError, ValueError) as error:
-        raise ValueError(f"cannot load a causal LM with its tokenizer from {path}"
-                         + (f" ({gguf_file})" if gguf_file else "") + f": {error}") from error
 
 
 def _record_run(path: Path, run: dict) -> None:

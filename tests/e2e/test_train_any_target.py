@@ -94,7 +94,7 @@ def test_what_cannot_work_is_refused(tmp_path):
         train_for_target(base, prompts, tmp_path / "c", plain_text=True, draft_vocab_size=301, **TINY)
     with pytest.raises(ValueError, match="no model directory"):
         train_for_target(tmp_path / "missing", prompts, tmp_path / "d", **TINY)
-    with pytest.raises(ValueError, match="cannot load a causal LM"):
+    with pytest.raises(ValueError, match="cannot load its tokenizer"):
         train_for_target(tmp_path, prompts, tmp_path / "e", **TINY)
 
 
