@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 from dspark.kernels._sampling import draw_in_tile, draw_threshold, find_tile, fixed_point
-from dspark.kernels._tuning import accumulator, empty_output, launch, next_power_of_2, select_config
+from dspark.kernels._tuning import accumulator, empty_output, interpreting, launch, next_power_of_2, select_config
 
 from dspark.sampling import top_p_threshold
 
@@ -298,6 +298,11 @@ def markov_sample_block(base_logits, hidden, anchor_ids, uniforms, weights, *, t
     if w1.dtype != w2.dtype:  # the bias product takes one operand dtype: the wider one, never rounding down
         common = torch.promote_types(w1.dtype, w2.dtype)
         w1, w2 = w1.to(common), w2.to(common)
+    if interpreting() and w1.dtype in (torch.bfloat16, torch.float16):
+        # Triton's interpreter multiplies half-precision tl.dot tiles wrongly (a bf16 drafter drew one token in
+        # every slot). A product of two half-precision numbers is exact in fp32, which is what a GPU's tensor
+        # cores accumulate in, so fp32 copies give the interpreter the same arithmetic.
+        w1, w2 = w1.float(), w2.float()
     rank = weights.rank if has_markov else 0
     greedy = temperature == 0
     use_top_k = top_k is not None and top_k < vocab and not greedy

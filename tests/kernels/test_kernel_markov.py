@@ -62,6 +62,27 @@ def test_markov_kernel_matches_reference(head, requests, gamma, vocab, sampling,
     assert_within_reference_error(probs32, torch_probs, want_probs, name="fp32 draft_probs")
 
 
+@given(requests=st.integers(1, 3), gamma=st.integers(1, 15), vocab=st.integers(4, 300),
+       rank=st.sampled_from([1, 8, 32]), sampling=st.sampled_from(SAMPLING), seed=st.integers(0, 2**31))
+def test_markov_kernel_in_bf16_matches_the_pytorch_bf16_path(requests, gamma, vocab, rank, sampling, seed):
+    """bf16 inputs: both paths compute in fp32 from the same bf16 values (a product of two bf16 numbers is exact in
+    fp32), so tokens are equal and probabilities differ only by the order of fp32 sums: 1e-5 relative, 1e-6
+    absolute, against the O(1) differences a wrong bias product gives (it once drew one token in every slot)."""
+    temperature, top_k, top_p = sampling
+    gen = torch.Generator().manual_seed(seed)
+    weights = random_markov_weights("vanilla", vocab, vocab, rank, 6, seed=seed)
+    weights = weights._replace(w1=weights.w1.to(DEVICE, torch.bfloat16), w2=weights.w2.to(DEVICE, torch.bfloat16))
+    base = torch.randn(requests, gamma, vocab, generator=gen).to(DEVICE, torch.bfloat16)
+    hidden = torch.randn(requests, gamma, 6, generator=gen).to(DEVICE, torch.bfloat16)
+    anchors = torch.randint(0, vocab, (requests,), generator=gen).to(DEVICE)
+    uniforms = torch.rand(requests, gamma, generator=gen).to(DEVICE)
+    kw = dict(temperature=temperature, top_k=top_k, top_p=top_p)
+    tokens, probs = sample_block(base, hidden, anchors, uniforms, weights, backend="triton", **kw)
+    want_tokens, want_probs = sample_block(base, hidden, anchors, uniforms, weights, backend="torch", **kw)
+    assert_equal(tokens, want_tokens, name="bf16 tokens")
+    torch.testing.assert_close(probs, want_probs, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("head", ["gated", "rnn"])
 def test_markov_kernel_refuses_non_vanilla_heads_but_auto_falls_back(head, monkeypatch):
     args = _to(_inputs(head, 2, 3, 9, 0), torch.float32)
