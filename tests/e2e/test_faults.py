@@ -102,3 +102,52 @@ def test_a_writer_killed_between_the_two_renames_loses_nothing(saved):
     os.replace(directory, directory.with_name(f".{directory.name}.old"))
     save_drafter(drafter_for(target, seed=1), directory)  # a writer finds it too, and replaces it whole
     assert not directory.with_name(f".{directory.name}.old").exists()
+
+
+def _resuming(directory: str, out_file: str, steps: int) -> None:
+    from tests.e2e.training_helpers import train_resuming
+
+    train_resuming(directory, out_file, steps)
+
+
+def _checkpointed_step(directory) -> int:
+    try:
+        return json.loads((directory / "trainer_state.json").read_text())["step"]
+    except (OSError, ValueError, KeyError):  # none yet, or caught between two renames
+        return 0
+
+
+def test_a_run_killed_at_random_moments_ends_as_one_never_killed(tmp_path):
+    """SIGKILL the training process at a random moment after each new checkpoint (one every step, so kills land in
+    steps and in checkpoint writes alike) and start it again: the run that finishes holds the weights and Adam
+    moments of a run never killed, bit for bit."""
+    import random
+
+    import safetensors.torch
+
+    steps, context, rng = 24, multiprocessing.get_context("spawn"), random.Random(0)
+
+    def start(name: str):
+        worker = context.Process(target=_resuming, args=(str(tmp_path / name), str(tmp_path / f"{name}.st"), steps))
+        worker.start()
+        return worker
+
+    straight = start("straight")
+    straight.join(300)
+    assert straight.exitcode == 0
+    kills, directory = 0, tmp_path / "killed"
+    while not (tmp_path / "killed.st").exists():
+        before, worker = _checkpointed_step(directory), start("killed")
+        deadline = time.monotonic() + 300
+        while worker.is_alive() and _checkpointed_step(directory) <= before and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(rng.uniform(0.0, 0.1))  # somewhere in the next step or its checkpoint write
+        if worker.is_alive():
+            worker.kill()  # SIGKILL
+            kills += 1
+        worker.join()
+        assert worker.exitcode in (0, -9), f"the training process failed (exit {worker.exitcode})"
+    assert kills >= 3, f"only {kills} kills landed: the test tested little"
+    want = safetensors.torch.load_file(tmp_path / "straight.st")
+    got = safetensors.torch.load_file(tmp_path / "killed.st")
+    assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)

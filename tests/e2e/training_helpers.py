@@ -59,3 +59,21 @@ def distributed_worker(rank, world, init_file, out_file, steps, objective="dspar
     # while its peer still talks to it aborts (SIGABRT), rarely, even after a barrier.
     torch.distributed.barrier()
     os._exit(0)
+
+
+def train_resuming(directory, out_file, steps):
+    """Train the tiny trainer to ``steps`` with a checkpoint after every step, resuming from ``directory`` when it
+    holds one; write the final weights and Adam moments to ``out_file`` (a process the tests kill and restart)."""
+    import safetensors.torch
+
+    torch.set_num_threads(1)
+    trainer, target = tiny_trainer(steps=steps)
+    trainer.config.checkpoint_every = 1
+    if (Path(directory) / "trainer_state.json").exists():
+        trainer.resume(directory, target)
+    trainer.fit(output_dir=directory, progress=False)
+    state = {f"weight::{k}": v.contiguous() for k, v in trainer.drafter.state_dict().items()}
+    for index, moments in trainer.optimizer.state_dict()["state"].items():
+        state.update({f"adam::{index}::{name}": value.contiguous() for name, value in moments.items()
+                      if isinstance(value, torch.Tensor)})
+    safetensors.torch.save_file(state, out_file)
