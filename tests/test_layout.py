@@ -120,6 +120,19 @@ def test_imports_flow_one_way():
     assert not upward, upward
 
 
+def test_the_trainer_knows_no_corpus_or_prompt_pool():
+    """The trainer reads samples and features; answering prompts, pools and recipes sit on top of it."""
+    reached, stack = set(), ["dspark.train.trainer"]
+    graph = module_graph()
+    while stack:
+        for imported in graph[stack.pop()] - reached:
+            reached.add(imported)
+            stack.append(imported)
+    pipeline = {f"dspark.train.{name}" for name in ("corpus", "pools", "word_problems", "pipeline", "recipe",
+                                                     "any_target", "streaming")}
+    assert not reached & pipeline, sorted(reached & pipeline)
+
+
 def test_each_subpackage_says_what_lives_there():
     for package in LAYERS:
         doc = ast.get_docstring(ast.parse((ROOT / package.replace(".", "/") / "__init__.py").read_text()))

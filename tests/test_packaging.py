@@ -1,6 +1,5 @@
 """The install-and-test contract: README's commands, .ci/run, and an import that stays light."""
 
-import ast
 import importlib.machinery
 import re
 import subprocess
@@ -61,28 +60,3 @@ def test_without_the_distribution_the_bare_name_kernels_reads_as_not_installed()
     run = subprocess.run([sys.executable, "-S", "-c", probe], cwd=ROOT, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == ["None", "None"], run.stdout
-
-
-def dspark_imports() -> dict[str, set[str]]:
-    """Which dspark modules each module of the package imports, at its top or inside a function."""
-    graph = {}
-    for path in (ROOT / "dspark").glob("*.py"):
-        names = set()
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("dspark."):
-                names.add(node.module.split(".")[1])
-        graph[path.stem] = names - {path.stem}
-    return graph
-
-
-def test_training_and_its_data_import_one_way():
-    """The trainer knows nothing of corpora or prompt pools; the pipeline and recipes sit on top of both."""
-    graph = dspark_imports()
-    training_side = {"training", "distributed", "corpus", "data", "pipeline", "recipe", "streaming"}
-
-    def reaches(start: str, goal: str, seen: frozenset = frozenset()) -> bool:
-        return any(d == goal or (d not in seen and reaches(d, goal, seen | {d})) for d in graph.get(start, ()))
-
-    cycles = sorted(m for m in training_side if reaches(m, m))
-    assert not cycles, f"import cycles through {cycles}"
-    assert not graph["training"] & {"corpus", "data", "pipeline", "recipe"}
