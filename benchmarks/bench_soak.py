@@ -1,5 +1,5 @@
-"""Soak: continuous-batching decoding of hundreds of held-out prompts, plain and speculative, with resident memory
-sampled through the run.
+"""Soak: continuous-batching decoding of hundreds of prompts, plain and speculative, with resident memory sampled
+through the run.
 
 Writes ``soak_cpu.json``: prompts, whether every prompt's speculative output equals its plain one (greedy), and
 per mode the resident-memory samples, their least-squares slope over the run after its first tenth (warm-up:
@@ -24,9 +24,10 @@ from benchmarks.environment import write_result  # noqa: E402
 from dspark.files.checkpoint import load_drafter, shipped_drafter_dir  # noqa: E402
 from dspark.runtime.decoding import SamplingConfig, generate, speculative_generate  # noqa: E402
 from dspark.runtime.machine import tune_cpu_allocator  # noqa: E402
-from dspark.runtime.prompts import load_prompts  # noqa: E402
+from dspark.runtime.prompts import DOMAINS, load_prompts  # noqa: E402
 from dspark.runtime.target import load_default_target  # noqa: E402
 from dspark.scheduler import PrefixScheduler, SPSTable  # noqa: E402
+from dspark.train.pools import load_training_prompts  # noqa: E402
 
 WARM_UP_FRACTION = 0.1
 
@@ -70,6 +71,13 @@ class MemorySampler:
                 "samples": [[round(float(a), 1), round(float(b), 1)] for a, b in zip(t[::10], rss[::10])]}
 
 
+def soak_prompts(count: int) -> list[str]:
+    """Every evaluation prompt (math, code, chat: 344), then ShareGPT first turns from the end of the training
+    pool's order. What a soak checks (memory, identical outputs) does not depend on whether the drafter saw them."""
+    texts = [p.text for domain in DOMAINS for p in load_prompts(domain)]
+    return (texts + load_training_prompts()[::-1])[:count]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--prompts", type=int, default=500)
@@ -82,9 +90,7 @@ def main() -> None:
     tune_cpu_allocator()
     target = load_default_target()
     drafter = load_drafter(shipped_drafter_dir(), target)
-    prompts = [target.encode_chat(p.text) for p in load_prompts("math", args.prompts)]
-    if len(prompts) < args.prompts:
-        parser.error(f"the math evaluation set holds {len(prompts)} prompts")
+    prompts = [target.encode_chat(text) for text in soak_prompts(args.prompts)]
     config = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=0.0)
     # A fixed cost model keeps the scheduler's choices the same from run to run (the demo profiles instead).
     scheduler = PrefixScheduler(SPSTable.linear(0.040, 0.002, 256))
