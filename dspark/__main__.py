@@ -177,12 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "train" and args.target is not None:
         return _train_for_target(args, parser)
     if args.command == "train":
-        only = [flag for flag, value in (("--prompts", args.prompts), ("--gguf-file", args.gguf_file),
-                                         ("--plain-text", args.plain_text), ("--max-new-tokens", args.max_new_tokens),
-                                         ("--held-out", args.held_out), ("--draft-vocab", args.draft_vocab),
-                                         ("--checkpoint-every", args.checkpoint_every),
-                                         ("--checkpoint-minutes", args.checkpoint_minutes),
-                                         ("--keep-checkpoints", args.keep_checkpoints)) if value]
+        only = [flag for flag, name in TARGET_ONLY if getattr(args, name)]
         if only:
             parser.error(f"{', '.join(only)} apply to training for your own model: give it with --target")
         from dspark.files.checkpoint import default_drafter_dir
@@ -225,7 +220,11 @@ def main(argv: list[str] | None = None) -> int:
                     gguf_file=args.gguf_file)
 
 
-# `train --target` flags the default recipe has and training for another target does not.
+# `train` flags that only training for another target (--target) reads, and those only the default recipe reads.
+TARGET_ONLY = (("--prompts", "prompts"), ("--gguf-file", "gguf_file"), ("--plain-text", "plain_text"),
+               ("--max-new-tokens", "max_new_tokens"), ("--held-out", "held_out"), ("--draft-vocab", "draft_vocab"),
+               ("--checkpoint-every", "checkpoint_every"), ("--checkpoint-minutes", "checkpoint_minutes"),
+               ("--keep-checkpoints", "keep_checkpoints"))
 RECIPE_ONLY = (("--config", "config"), ("--arm", "arm"), ("--ce-weight", "ce_weight"), ("--l1-weight", "l1_weight"),
                ("--continue-from", "continue_from"), ("--features", "features"))
 
