@@ -58,3 +58,25 @@ def test_trained_at_is_recorded_or_the_cache_mtime_never_a_checkout_mtime(tmp_pa
     os.utime(cached / "config.json", (0, 86400))
     assert trained_at(cached) == "1970-01-02T00:00:00+00:00"
     assert trained_at(shipped_drafter_dir()) is not None
+
+
+def test_each_retired_drafter_names_the_recipe_phase_that_rebuilds_it():
+    from benchmarks.retire_drafters import RECORD, rebuilding_phase
+
+    retired = json.loads(RECORD.read_text(encoding="utf-8"))
+    assert retired
+    for name, record in retired.items():
+        assert not (COMMITTED / name).exists(), f"{name} is retired but still committed"
+        assert len(record["sha256"]) == 64 and int(record["sha256"], 16) >= 0
+        arm, phase, _ = rebuilding_phase(name)
+        assert (record["arm"], record["phase"]) == (arm, phase)
+        assert record["config"]["metadata"]["steps"] == int(name.rsplit("-steps", 1)[1])
+
+
+def test_a_name_no_phase_ends_at_is_refused():
+    from benchmarks.retire_drafters import rebuilding_phase
+
+    with pytest.raises(ValueError, match="no phase of arm 'dspark' ends at step 5000"):
+        rebuilding_phase(f"{ARMS['dspark']}-steps5000")
+    with pytest.raises(ValueError, match="no arm writes"):
+        rebuilding_phase("someone-else-steps4000")
