@@ -114,9 +114,11 @@ def run_variant(name: str, split: dict, steps: int, eval_every: int, features: s
     from dspark.loss import dspark_loss
     from dspark.runtime.machine import tune_cpu_allocator
     from dspark.runtime.target import load_default_target
+    from dspark.train.config import TrainConfig
     from dspark.train.corpus import load_corpus
     from dspark.train.features import OfflineFeatures
-    from dspark.train.trainer import TrainConfig, Trainer, TrainingLoss
+    from dspark.train.objective import TrainingLoss
+    from dspark.train.trainer import Trainer
     from dspark.vocab import build_draft_vocab, token_counts
 
     settings = {"objective": "dspark", "seed": 0, "lr": 1e-3, "tap_rms": False, "hidden_weight": 0.0,

@@ -5,7 +5,7 @@ PATH``, else the trained one when available (``dspark.files.checkpoint.find_defa
 and the result says which. Speculative decoding runs twice per batch: verifying every drafted slot, and with Algorithm 1
 (with the demo's back-off) on a verify-latency profile taken at that batch, as an engine would at start-up; that
 profiling also keeps the fastest layout of few-row products on this CPU
-(``dspark.runtime.decoding.choose_few_row_layout``), for all three modes. The target and drafter run in
+(``dspark.runtime.profiling.choose_few_row_layout``), for all three modes. The target and drafter run in
 ``--precision`` (default auto: bf16 where this CPU multiplies bf16 faster, with invariant attention,
 ``dspark.runtime.invariant``). A bf16 run also times the fp32 target alone on the same prompts, in the same rotation,
 so that its speedup can be read against fp32 plain decoding as well (``fp32_target_only_tokens_per_s``; those outputs
@@ -37,7 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.environment import write_result  # noqa: E402
 from dspark.demo import BACKOFF, load_demo_drafter, load_demo_target  # noqa: E402
 from dspark.linear import describe_layout, skinny_layout, skinny_rows  # noqa: E402
-from dspark.runtime.decoding import SamplingConfig, choose_few_row_layout, generate, speculative_generate  # noqa: E402
+from dspark.runtime.decoding import SamplingConfig, generate, speculative_generate  # noqa: E402
+from dspark.runtime.profiling import choose_few_row_layout  # noqa: E402
 from dspark.runtime.prompts import load_prompt_mix  # noqa: E402
 from dspark.scheduler import FixedLength, PrefixScheduler  # noqa: E402
 

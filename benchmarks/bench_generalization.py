@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.environment import write_result  # noqa: E402
 from dspark.files.checkpoint import load_drafter, read_checkpoint_config, shipped_drafter_dir  # noqa: E402
 from dspark.runtime.target import load_default_target  # noqa: E402
+from dspark.train.config import TrainConfig
 from dspark.train.corpus import corpus_order, load_answers, load_corpus, sample_path  # noqa: E402
 from dspark.train.features import OfflineFeatures  # noqa: E402
 from dspark.train.pipeline import (  # noqa: E402
@@ -45,7 +46,7 @@ from dspark.train.pipeline import (  # noqa: E402
     sampled_corpus_dir,
 )
 from dspark.train.pools import held_out_followups, load_training_prompts  # noqa: E402
-from dspark.train.trainer import TrainConfig, Trainer
+from dspark.train.trainer import Trainer
 
 # Each extra pool's corpus, from the ShareGPT corpus's directory and the drafter's training arguments.
 POOLS = {"code": lambda d, _: code_corpus_dir(d), "math": lambda d, _: math_corpus_dir(d),

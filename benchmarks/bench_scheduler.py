@@ -42,7 +42,7 @@ SPS tables (``--tables``; each labelled in the results with where it came from):
 policy with the real target and the trained drafter on this CPU, wall-clock tokens/s including drafting. Target
 and drafter run as the demo and ``bench_e2e.py`` run them (``--precision``, default auto), and the policies that
 read an SPS table plan with one profiled here at start-up for each R, as an engine would
-(``dspark.runtime.decoding.choose_few_row_layout``, which also keeps this CPU's fastest layout of few-row products).
+(``dspark.runtime.profiling.choose_few_row_layout``, which also keeps this CPU's fastest layout of few-row products).
 
     python benchmarks/bench_scheduler.py [--steps 60] [--seeds 5] [--measured [--no-replay]] [--out DIR]
 """
@@ -337,7 +337,8 @@ def measured_study(max_new_tokens: int, precision: str) -> tuple[list[dict], str
     """Whole decodes at R = 1, 4, 16; returns ``(rows, the target's precision, the drafter)``, the last two as the
     demo describes them."""
     from dspark.demo import load_demo_drafter, load_demo_target
-    from dspark.runtime.decoding import SamplingConfig, choose_few_row_layout, generate, speculative_generate
+    from dspark.runtime.decoding import SamplingConfig, generate, speculative_generate
+    from dspark.runtime.profiling import choose_few_row_layout
     from dspark.runtime.prompts import DOMAINS, load_prompts
 
     target, how = load_demo_target(precision)

@@ -106,8 +106,9 @@ def measure(variant: str, scale: str, device: str, steps: int, chunk_rows: int, 
     the variant's."""
     from dspark import DSparkConfig, DSparkDrafter
     from dspark.runtime.machine import tune_cpu_allocator
+    from dspark.train.config import TrainConfig
     from dspark.train.samples import Sample
-    from dspark.train.trainer import TrainConfig, Trainer
+    from dspark.train.trainer import Trainer
 
     if variant == "recipe" and device == "cpu" and not memory_run:
         tune_cpu_allocator()

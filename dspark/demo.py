@@ -11,7 +11,8 @@ import torch
 
 from dspark.linear import describe_layout
 from dspark.report import format_table
-from dspark.runtime.decoding import SamplingConfig, choose_few_row_layout, generate, speculative_generate
+from dspark.runtime.decoding import SamplingConfig, generate, speculative_generate
+from dspark.runtime.profiling import choose_few_row_layout
 from dspark.runtime.prompts import load_prompt_mix
 from dspark.scheduler import PrefixScheduler
 

@@ -13,7 +13,7 @@ and so what speculative decoding can gain, on CPUs.
 Which layout is faster depends on the CPU and its BLAS, though: on a 2-core Intel Xeon with AMX
 (``sps_cpu_xeon.json``), ``F.linear`` runs passes of 1 to 4 tokens faster than this layout, and neither
 comes near a one-token pass at 8 tokens. So the layout is a process-wide setting
-(:func:`set_skinny_rows`, :func:`few_row_layout`), and :func:`dspark.runtime.decoding.choose_few_row_layout` times the
+(:func:`set_skinny_rows`, :func:`few_row_layout`), and :func:`dspark.runtime.profiling.choose_few_row_layout` times the
 target's verify pass in each layout at start-up and keeps the fastest.
 
 A third layout hands the repacking to the library once: ``"packed"`` keeps, per weight, a copy laid out for the

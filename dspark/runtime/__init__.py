@@ -1,1 +1,1 @@
-"""Decoding with real targets: the target adapter, speculative and plain decoding, prompts, STS by decoding."""
+"""Decoding with real targets: the target adapter, decoding, verify-cost profiles, prompts, STS by decoding."""

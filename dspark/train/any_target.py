@@ -179,15 +179,16 @@ def train_for_target(target_path: str | os.PathLike, prompts: str | os.PathLike,
     The work directory ``OUT.work`` holds ``run.json`` (the target's description and every setting, written
     before anything runs), the answered corpus (kept, so a rerun with more steps does not answer again), the
     training checkpoint and, once training ends, ``history.json`` (every step's row; read it with
-    :meth:`dspark.train.trainer.History.read`). Returns ``output``.
+    :meth:`dspark.train.history.History.read`). Returns ``output``.
     """
     from dspark.drafter import DSparkDrafter
     from dspark.files.checkpoint import save_drafter
     from dspark.runtime.machine import resolve_precision
     from dspark.runtime.target import load_target
+    from dspark.train.config import TrainConfig
     from dspark.train.corpus import answered_corpus
     from dspark.train.features import OfflineFeatures
-    from dspark.train.trainer import TrainConfig, Trainer, calibrate_on_samples, source_commit
+    from dspark.train.trainer import Trainer, calibrate_on_samples, source_commit
     from dspark.vocab import build_draft_vocab, token_counts
 
     if objective not in ("dspark", "dflash"):
@@ -258,7 +259,7 @@ def train_for_target(target_path: str | os.PathLike, prompts: str | os.PathLike,
         trainer.resume(checkpoint, target)
     trainer.fit(output_dir=checkpoint, progress=progress)
     clock["train"] = trainer.elapsed
-    atomic_write_text(work / "history.json", json.dumps(trainer.history) + "\n")  # dspark.train.trainer.History.read
+    atomic_write_text(work / "history.json", json.dumps(trainer.history) + "\n")  # dspark.train.history.History.read
 
     curve = [{k: row[k] for k in ("step", "answer_tokens_seen", "eval_tau_prob", "eval_accuracy")}
              for row in trainer.history if "eval_tau_prob" in row]

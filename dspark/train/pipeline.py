@@ -24,9 +24,10 @@ import torch
 from dspark.drafter import DSparkDrafter
 from dspark.files.checkpoint import load_drafter, read_checkpoint_config
 from dspark.runtime.machine import resolve_precision
+from dspark.train.config import TrainConfig
 from dspark.train.features import KeyedFeatures, OfflineFeatures
 from dspark.train.samples import Sample
-from dspark.train.trainer import TrainConfig, Trainer, calibrate_on_samples, source_commit
+from dspark.train.trainer import Trainer, calibrate_on_samples, source_commit
 
 # The extra prompt pools' samples train under their corpus key plus these, above every ShareGPT key (six-digit
 # file names), so one feature source can route each sample to its corpus.

@@ -5,7 +5,8 @@
 * Hidden states come from a :class:`dspark.train.features.FeatureSource`.
 * :class:`Trainer`: AdamW, linear warm-up then cosine to 0, gradient clipping, a progress bar, held-out
   evaluation, atomic safetensors checkpoints and a bit-for-bit resume. A step stacks all of its sequences'
-  blocks into one :class:`BlockBatch` and runs one forward, loss and backward (:class:`TrainingLoss`).
+  blocks into one :class:`dspark.train.objective.BlockBatch` and runs one forward, loss and backward
+  (:class:`dspark.train.objective.TrainingLoss`); its settings are a :class:`dspark.train.config.TrainConfig`.
   Under ``torch.distributed`` every rank takes its share of each step's sequences, the loss denominator Σw
   is summed over ranks, and DDP or FSDP2 reduce the gradients (:mod:`dspark.train.distributed`), so the update
   equals the single-process one up to the order of floating-point sums.
@@ -18,10 +19,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -29,9 +29,8 @@ import torch
 from dspark.drafter import DSparkDrafter
 from dspark.files.checkpoint import load_drafter, write_drafter_files
 from dspark.io import atomic_directory
-from dspark.loss import CE_WEIGHT, CONFIDENCE_WEIGHT, DECAY, L1_WEIGHT, dspark_loss, position_weights, vocab_product
+from dspark.train.config import COMPILED_LENGTH_BUCKET, TrainConfig, lr_factor
 from dspark.train.distributed import (
-    PARALLEL,
     barrier,
     drafter_name,
     full_state,
@@ -43,295 +42,14 @@ from dspark.train.distributed import (
     wrap_for_data_parallel,
 )
 from dspark.train.features import FeatureSource
-from dspark.train.samples import Sample, block_targets, sample_anchors
-
-
-@dataclass
-class TrainConfig:
-    """The training recipe (the paper's, scaled down).
-
-    ``objective``: ``dspark`` (0.1·CE + 0.9·L1 + BCE, method.md §8), ``dflash`` (CE), or ``eagle3`` (the
-    unrolled soft-CE of :class:`dspark.eagle3.Eagle3Drafter`, method.md §8.1; anchors unused).
-
-    ``ce_weight`` and ``l1_weight`` replace the dspark objective's 0.1 and 0.9 (``None`` keeps them). The
-    L1 term matches the drafter's whole distribution to the target's, which is what acceptance under
-    sampling rewards; greedy verification rewards only the argmax, which cross-entropy trains directly.
-    The confidence head's BCE stays at weight 1 either way: its label, ``1 − L1/2``, needs no L1 gradient.
-
-    ``dropout``: the fraction of the backbone's fused context and of its layers' attention and MLP outputs
-    zeroed in training steps (:meth:`dspark.backbone.BlockBackbone.forward`), a regulariser for drafters that
-    see the same sequences many times; evaluation never drops. Not for ``eagle3``.
-
-    ``step_offset``: the steps a drafter took before this run, when the run continues it. Its data order and
-    anchors pick up after them (no step repeats an earlier one's blocks) and the steps it reports count from
-    there; the learning-rate schedule (warm-up, then cosine over ``steps``) starts over.
-
-    ``precision``: ``bf16`` runs the drafter under bf16 autocast and the loss's vocabulary products on bf16
-    operands (softmax, CE, L1 and the weights' updates stay fp32); ``fp32`` runs everything in fp32;
-    ``auto`` is bf16 on a GPU and fp32 on a CPU. On CPUs with bf16 units ``bf16`` is about twice as fast;
-    on CPUs without them it is emulated and far slower (:func:`fastest_precision` measures which).
-
-    ``parallel``: the data-parallel engine under ``torch.distributed`` (:mod:`dspark.train.distributed`): ``ddp``,
-    ``fsdp``, ``none`` or ``auto`` (``ddp`` with several ranks). ``sequences_per_step`` is the global batch
-    and must divide evenly over the ranks; every engine takes the same steps as one process.
-
-    ``checkpoint_every`` and ``checkpoint_minutes``: :meth:`Trainer.fit` with an ``output_dir`` checkpoints after
-    every that many steps or once that many minutes have passed since the last checkpoint, whichever comes
-    first (0 turns either off), so a killed run loses at most that much; under ``torch.distributed`` rank 0's
-    clock decides for every rank.
-
-    ``compile``: run the step's forward, loss and backward through ``torch.compile`` (the eager step is the
-    reference it is tested against). Contexts are then padded to a multiple of :data:`COMPILED_LENGTH_BUCKET`
-    rows, so that a few shapes repeat instead of one compilation per sequence length.
-    """
-
-    steps: int = 200
-    lr: float = 6e-4
-    warmup_fraction: float = 0.04
-    weight_decay: float = 0.0
-    clip_norm: float = 1.0
-    sequences_per_step: int = 4
-    num_anchors: int = 64
-    decay: float = DECAY
-    objective: str = "dspark"
-    eval_every: int = 50
-    checkpoint_every: int = 0
-    checkpoint_minutes: float = 0.0
-    seed: int = 0
-    loss_backend: str = "auto"
-    loss_chunk_rows: int | None = None
-    precision: str = "auto"
-    ce_weight: float | None = None
-    l1_weight: float | None = None
-    dropout: float = 0.0
-    step_offset: int = 0
-    parallel: str = "auto"
-    compile: bool = False
-
-    def __post_init__(self):
-        if self.objective not in ("dspark", "dflash", "eagle3"):
-            raise ValueError(f"objective must be 'dspark', 'dflash' or 'eagle3', got {self.objective!r}")
-        if self.objective != "dspark" and (self.ce_weight is not None or self.l1_weight is not None):
-            raise ValueError(f"ce_weight and l1_weight apply to the dspark objective, not {self.objective!r}")
-        weights = self.loss_weights()
-        if not all(math.isfinite(weights[k]) and weights[k] >= 0 for k in ("ce_weight", "l1_weight")) \
-                or weights["ce_weight"] + weights["l1_weight"] == 0:
-            raise ValueError(f"ce_weight and l1_weight must be finite, non-negative and not both 0, got "
-                             f"{weights['ce_weight']} and {weights['l1_weight']}")
-        if self.steps < 1 or self.sequences_per_step < 1 or self.num_anchors < 1:
-            raise ValueError("steps, sequences_per_step and num_anchors must be positive")
-        if self.step_offset < 0:
-            raise ValueError(f"step_offset must be >= 0, got {self.step_offset}")
-        if self.checkpoint_every < 0 or not self.checkpoint_minutes >= 0:
-            raise ValueError(f"checkpoint_every and checkpoint_minutes must be 0 (off) or more, got "
-                             f"{self.checkpoint_every} and {self.checkpoint_minutes}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must lie in [0, 1), got {self.dropout}")
-        if self.dropout and self.objective == "eagle3":
-            raise ValueError("dropout applies to the dspark and dflash objectives, not 'eagle3'")
-        if self.precision not in ("auto", "fp32", "bf16"):
-            raise ValueError(f"precision must be 'auto', 'fp32' or 'bf16', got {self.precision!r}")
-        if self.parallel not in PARALLEL:
-            raise ValueError(f"parallel must be one of {', '.join(PARALLEL)}, got {self.parallel!r}")
-
-    def loss_weights(self) -> dict:
-        if self.objective in ("dflash", "eagle3"):
-            return dict(ce_weight=1.0, l1_weight=0.0, confidence_weight=0.0)
-        return dict(ce_weight=CE_WEIGHT if self.ce_weight is None else float(self.ce_weight),
-                    l1_weight=L1_WEIGHT if self.l1_weight is None else float(self.l1_weight),
-                    confidence_weight=CONFIDENCE_WEIGHT)
-
-
-# Under torch.compile a step's contexts are padded to a multiple of this many rows: shapes repeat, so the step
-# compiles once per bucket instead of once per longest sequence length.
-COMPILED_LENGTH_BUCKET = 64
+from dspark.train.history import History
+from dspark.train.objective import BlockBatch, Chains, TrainingLoss, prepare_blocks
+from dspark.train.samples import Sample, sample_anchors
 
 # A resumed run may change these: they set how often it evaluates and saves, and which (equivalent) loss kernel,
 # data-parallel engine or compiler runs, not which steps it takes.
 RESUME_FREE_SETTINGS = frozenset({"eval_every", "checkpoint_every", "checkpoint_minutes", "loss_backend",
                                   "loss_chunk_rows", "parallel", "compile"})
-
-
-def lr_factor(step: int, config: TrainConfig) -> float:
-    """Linear warm-up over the first ``warmup_fraction`` of steps, then cosine to 0."""
-    warmup = max(1, round(config.warmup_fraction * config.steps))
-    if step < warmup:
-        return (step + 1) / warmup
-    progress = (step - warmup) / max(1, config.steps - warmup)
-    return 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
-
-
-@dataclass
-class BlockBatch:
-    """The blocks of one step: ``N`` anchors in each of ``B`` sequences, contexts padded to the longest.
-
-    ``anchor_ids, anchor_pos [B, N]``, ``block_valid [B, N]`` bool, ``taps [B, S, taps·H_t]``,
-    ``labels, weights [B, N, γ]``, ``next_ids [B, N, γ−1]`` and ``target_hidden [B, N, γ, H_t]``.
-    """
-
-    anchor_ids: torch.Tensor
-    anchor_pos: torch.Tensor
-    block_valid: torch.Tensor
-    taps: torch.Tensor
-    labels: torch.Tensor
-    next_ids: torch.Tensor
-    weights: torch.Tensor
-    target_hidden: torch.Tensor
-
-    def to(self, device: torch.device) -> BlockBatch:
-        return BlockBatch(*(getattr(self, f.name).to(device) for f in fields(self)))
-
-
-def prepare_blocks(samples: list[Sample], features: list[tuple[torch.Tensor, torch.Tensor]], block_size: int,
-                   num_anchors: int, decay: float, generators: list[torch.Generator],
-                   length_bucket: int = 1) -> BlockBatch:
-    """Cut the blocks of several sequences and stack them into one :class:`BlockBatch`.
-
-    Each sequence draws its anchors from its own generator, so its blocks do not depend on which sequences
-    share its step or its rank. Sequences are padded at the end to the longest (rounded up to a multiple of
-    ``length_bucket``): padded context rows are zeros that no block sees (block n attends to rows before its
-    anchor only) and padded positions are outside the loss mask, so they are never labels.
-    """
-    longest = -(-max(s.token_ids.shape[0] for s in samples) // length_bucket) * length_bucket
-    taps0, hidden0 = features[0]
-    token_ids = torch.zeros(len(samples), longest, dtype=torch.long)
-    loss_mask = torch.zeros(len(samples), longest, dtype=torch.bool)
-    taps = taps0.new_zeros(len(samples), longest, taps0.shape[-1])
-    hidden = hidden0.new_zeros(len(samples), longest, hidden0.shape[-1])
-    anchors = []
-    for b, (sample, (sample_taps, sample_hidden), generator) in enumerate(zip(samples, features, generators)):
-        n = sample.token_ids.shape[0]
-        token_ids[b, :n], loss_mask[b, :n] = sample.token_ids, sample.loss_mask
-        taps[b, :n], hidden[b, :n] = sample_taps, sample_hidden
-        anchors.append(sample_anchors(sample.loss_mask, num_anchors, generator))
-    anchor_pos = torch.stack([pos for pos, _ in anchors])
-    block_valid = torch.stack([valid for _, valid in anchors])
-    labels, eval_mask, next_ids, target_index = block_targets(token_ids, loss_mask, anchor_pos, block_valid,
-                                                              block_size)
-    rows = target_index.flatten(1)[..., None].expand(-1, -1, hidden.shape[-1])
-    target_hidden = hidden.gather(1, rows).view(*target_index.shape, hidden.shape[-1])
-    return BlockBatch(token_ids.gather(1, anchor_pos), anchor_pos, block_valid, taps, labels, next_ids,
-                      position_weights(eval_mask, decay), target_hidden)
-
-
-@dataclass
-class Chains:
-    """What the eagle3 objective trains on in one sequence: ``token_ids, loss_mask [S]``, ``taps [S, taps·H_t]``,
-    ``hidden [S, H_t]`` (the target's final hidden states) and chain ``anchors [N]``."""
-
-    token_ids: torch.Tensor
-    loss_mask: torch.Tensor
-    taps: torch.Tensor
-    hidden: torch.Tensor
-    anchors: torch.Tensor
-
-
-class TrainingLoss(torch.nn.Module):
-    """A drafter and its training objective as one module: what a step calls once, and what DDP or FSDP2 wraps.
-
-    Every drafter weight the loss reads (its LM head, the Markov head's ``W2``) is read inside
-    :meth:`forward`, where FSDP2 has gathered the parameters. ``target_lm_head [V_draft, H_t]`` is a plain
-    tensor, not a parameter: frozen, replicated and never sharded.
-    """
-
-    def __init__(self, drafter: DSparkDrafter, target_lm_head: torch.Tensor, config: TrainConfig,
-                 low_precision: bool):
-        super().__init__()
-        self.drafter = drafter
-        self.target_lm_head = target_lm_head
-        self.config = config
-        self.low_precision = low_precision
-
-    def _autocast(self):
-        return torch.autocast(self.target_lm_head.device.type, dtype=torch.bfloat16, enabled=self.low_precision)
-
-    def forward(self, batch: BlockBatch | list[Chains], normalizer: torch.Tensor, *, predictions: bool = False):
-        """The loss of a whole step's blocks (or, for eagle3, chains) over the global ``normalizer``.
-
-        Returns a :class:`dspark.loss.LossOutput`, with ``(output, greedy ids [B, N, γ])`` when ``predictions``;
-        for eagle3, one :class:`dspark.eagle3.TTTOutput` per sequence.
-        """
-        if self.config.objective == "eagle3":
-            return [self._chains_loss(chains, normalizer, metrics=predictions) for chains in batch]
-        with self._autocast():
-            hidden, features, conf = self.drafter.training_outputs(
-                batch.anchor_ids, batch.anchor_pos, batch.taps, batch.next_ids, batch.block_valid,
-                dropout=self.config.dropout)
-        d = hidden.shape[-1]
-        w2 = self.drafter.markov_head.markov_w2.weight if features is not None else None
-        # Cast once per step, not per product: a trainable head still gets its gradient through this one cast.
-        lm_head, target_hidden = self.drafter.lm_head.weight, batch.target_hidden
-        if self.low_precision:  # the loss runs its vocabulary products on bf16 operands, the rest in fp32
-            lm_head, hidden, target_hidden = lm_head.bfloat16(), hidden.bfloat16(), target_hidden.bfloat16()
-            if features is not None:
-                features, w2 = features.bfloat16(), w2.bfloat16()
-        out = dspark_loss(
-            hidden.reshape(-1, d), lm_head, target_hidden.reshape(-1, d),
-            self.target_lm_head, batch.labels.reshape(-1), batch.weights.reshape(-1),
-            markov_emb=None if features is None else features.reshape(-1, features.shape[-1]), markov_w2=w2,
-            confidence_logits=None if conf is None or self.config.objective == "dflash" else conf.reshape(-1),
-            normalizer=normalizer, chunk_rows=self.config.loss_chunk_rows, backend=self.config.loss_backend,
-            **self.config.loss_weights())
-        if not predictions:
-            return out
-        with torch.no_grad():
-            logits = self.drafter.lm_head(hidden.to(self.drafter.lm_head.weight.dtype))
-            if features is not None:
-                logits = logits + features.to(logits.dtype) @ self.drafter.markov_head.markov_w2.weight.T
-        return out, logits.argmax(-1)
-
-    def _chains_loss(self, chains: Chains, normalizer: torch.Tensor, metrics: bool):
-        with torch.no_grad():
-            target_probs = torch.softmax(vocab_product(chains.hidden.to(self.target_lm_head.dtype),
-                                                       self.target_lm_head), -1)
-        with self._autocast():
-            return self.drafter.ttt_loss(chains.token_ids, chains.taps, target_probs, chains.loss_mask,
-                                         chains.anchors, normalizer, metrics=metrics)
-
-
-class History(list):
-    """A training run's rows (one per step: loss parts, learning rate, answer tokens seen, seconds; evaluation
-    steps add ``eval_tau_prob``, ``eval_accuracy`` and the held-out loss parts), as :meth:`Trainer.fit` returns it.
-
-    It is a plain list of dicts (JSON as it is), with a table of the evaluations and a plot of the curves.
-    """
-
-    @classmethod
-    def read(cls, path: str | os.PathLike) -> History:
-        """The history a run wrote as JSON (``history.json`` in the run directory of ``train --target``)."""
-        return cls(json.loads(Path(path).read_text(encoding="utf-8")))
-
-    def evaluations(self) -> list[dict]:
-        return [row for row in self if "eval_tau_prob" in row]
-
-    def table(self):
-        """The evaluation rows as a :class:`dspark.report.Table`."""
-        from dspark.report import Table
-
-        rows = [dict(row, acc1=row["eval_accuracy"][0] if row.get("eval_accuracy") else None)
-                for row in self.evaluations()]
-        return Table(rows, [("step", "step"), ("answer_tokens_seen", "answer tokens seen"),
-                            ("eval_tau_prob", "held-out τ_prob"), ("acc1", "slot-1 accuracy"),
-                            ("seconds", "seconds")])
-
-    def _repr_html_(self) -> str:
-        return self.table()._repr_html_()
-
-    def plot(self, axes=None):
-        """Training loss by step and held-out τ_prob by step, side by side (τ_prob alone for a history of evaluations
-        only, such as a drafter's ``curve``); returns the matplotlib axes."""
-        import matplotlib.pyplot as plt
-
-        trained = [row for row in self if "loss" in row]
-        if axes is None:
-            axes = plt.subplots(1, 2 if trained else 1, figsize=(9 if trained else 4.5, 3), squeeze=False)[1][0]
-        if trained:
-            axes[0].plot([row["step"] for row in trained], [row["loss"] for row in trained])
-            axes[0].set(xlabel="step", ylabel="training loss", title="loss")
-        evaluated = self.evaluations()
-        axes[-1].plot([row["step"] for row in evaluated], [row["eval_tau_prob"] for row in evaluated], "o-")
-        axes[-1].set(xlabel="step", ylabel="τ_prob", title="held-out τ_prob (expected tokens per round)")
-        return axes
 
 
 @dataclass

@@ -45,7 +45,7 @@ def section_speed(out: list[str], figures: Path) -> None:
                    f"{precision}; speculative decoding "
                    "either verifies every drafted slot or lets Algorithm 1 (with the demo's back-off) choose verify "
                    "lengths on a verify-latency profile taken at that batch. The few-row products of all three modes "
-                   "take the layout that profile found fastest (`dspark.runtime.decoding.choose_few_row_layout`). "
+                   "take the layout that profile found fastest (`dspark.runtime.profiling.choose_few_row_layout`). "
                    "A round's parts are in units of one plain decoding step of the target at the same batch"
                    + (". The fp32 target alone ran on the same prompts in the same rotation, with stock attention: "
                       "its outputs differ from the bf16 target's by rounding, so it is the plain decoding a user "
@@ -292,7 +292,7 @@ def _layout_sentence(out: list[str]) -> None:
                  f"ms packed ({num(ms('bf16 packed, stock attention', 1), '.1f')} with stock attention) and "
                  f"{num(ms('F.linear', 1), '.1f')} ms in fp32 (timed minutes apart, not interleaved with the fp32 "
                  "passes: compare across dtypes with care).")
-    out.append(text + " So the layout is not fixed: `dspark.runtime.decoding.choose_few_row_layout` profiles the "
+    out.append(text + " So the layout is not fixed: `dspark.runtime.profiling.choose_few_row_layout` profiles the "
                "verify pass in each at start-up, as the demo and `bench_e2e.py` do, and keeps the fastest for the "
                "process (the verify-pass profiles are single runs of a few repeats, so read differences under about "
                "10% as noise).\n")

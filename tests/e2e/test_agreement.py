@@ -18,10 +18,11 @@ from dspark.runtime.decoding import SamplingConfig, SpeculativeDecoder, generate
 from dspark.runtime.machine import fastest_precision
 from dspark.runtime.prompts import load_prompts
 from dspark.scheduler import FixedLength
+from dspark.train.config import TrainConfig
 from dspark.train.corpus import build_corpus, load_corpus
 from dspark.train.features import OfflineFeatures, target_features, teacher_forced_tokens
 from dspark.train.pools import load_training_prompts
-from dspark.train.trainer import TrainConfig, Trainer
+from dspark.train.trainer import Trainer
 from dspark.vocab import build_draft_vocab, token_counts
 from tests.e2e.conftest import drafter_for, tiny_target
 

@@ -16,13 +16,14 @@ from dspark.linear import (
     skinny_min_rows,
     skinny_rows,
 )
-from dspark.runtime.decoding import SamplingConfig, choose_few_row_layout, generate, prefill, speculative_generate
+from dspark.runtime.decoding import SamplingConfig, generate, prefill, speculative_generate
 from dspark.runtime.invariant import invariant_attention
+from dspark.runtime.profiling import choose_few_row_layout
 from dspark.scheduler import FixedLength, PrefixScheduler, SPSTable
 from dspark.testing import assert_within_reference_error
 from tests.e2e.conftest import drafter_for, tiny_target
 
-# Both few-row layouts a bf16 target may take (dspark.runtime.decoding.choose_few_row_layout).
+# Both few-row layouts a bf16 target may take (dspark.runtime.profiling.choose_few_row_layout).
 BF16_LAYOUTS = [(SKINNY_ROWS, "transposed", 1)] + (
     [(SKINNY_ROWS, "packed", 1)] if dspark.linear.packed_layout_available(torch.bfloat16) else [])
 LONG_PROMPTS = [[(7 * i + r) % 60 + 1 for i in range(length)] for r, length in enumerate((60, 47, 53))]

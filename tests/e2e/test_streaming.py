@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from dspark.testing import assert_close
+from dspark.train.config import TrainConfig
 from dspark.train.features import OnlineFeatures
 from dspark.train.streaming import ConsumerTransport, Event, FeatureStream, StreamedFeatures
-from dspark.train.trainer import TrainConfig, Trainer
+from dspark.train.trainer import Trainer
 from tests.e2e.conftest import tiny_target
 from tests.e2e.streaming_helpers import NUM_SAMPLES, consumer_main, features_of, producer_main, tiny_sequences
 from tests.e2e.training_helpers import tiny_samples, tiny_trainer

@@ -4,16 +4,10 @@ import pytest
 import torch
 
 import dspark.linear
-import dspark.runtime.decoding
+import dspark.runtime.profiling
 from dspark.linear import SKINNY_ROWS, few_row_layout, skinny_layout, skinny_min_rows, skinny_rows
-from dspark.runtime.decoding import (
-    SamplingConfig,
-    SpeculativeDecoder,
-    choose_few_row_layout,
-    generate,
-    profile_verify_sps,
-    speculative_generate,
-)
+from dspark.runtime.decoding import SamplingConfig, SpeculativeDecoder, generate, speculative_generate
+from dspark.runtime.profiling import choose_few_row_layout, profile_verify_sps
 from dspark.scheduler import FixedLength, PrefixScheduler, ProductionScheduler, SPSTable, Threshold
 from dspark.testing import assert_close, assert_close_float64, chi_square_pvalue
 from tests.e2e.conftest import drafter_for, eagle3_for, tiny_target
@@ -453,7 +447,7 @@ def test_choose_few_row_layout_keeps_the_fastest_layout_and_its_table(requests, 
         slower = 1.0 if _setting() == faster else 1.5
         return SPSTable.from_latencies(range(1, max_tokens + 1), [slower * s for s in latencies])
 
-    monkeypatch.setattr(dspark.runtime.decoding, "profile_verify_sps", profile)
+    monkeypatch.setattr(dspark.runtime.profiling, "profile_verify_sps", profile)
     monkeypatch.setattr(dspark.linear, "packed_layout_available", lambda dtype=torch.float32: mkl)
     before = _setting()
     with few_row_layout(5):

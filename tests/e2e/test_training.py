@@ -7,10 +7,11 @@ import pytest
 import torch
 
 from dspark.runtime.machine import tune_cpu_allocator
+from dspark.train.config import TrainConfig
 from dspark.train.features import OfflineFeatures, write_offline_features
 from dspark.train.pipeline import loss_weights_suffix
 from dspark.train.samples import Sample, block_targets, sample_anchors
-from dspark.train.trainer import TrainConfig, Trainer, source_commit
+from dspark.train.trainer import Trainer, source_commit
 from tests.e2e.training_helpers import RECIPE_ANSWERS, distributed_worker, tiny_trainer, toy_recipe
 
 

@@ -6,9 +6,10 @@ from pathlib import Path
 import torch
 
 from dspark.runtime.decoding import SamplingConfig, generate
+from dspark.train.config import TrainConfig
 from dspark.train.features import OnlineFeatures
 from dspark.train.samples import Sample
-from dspark.train.trainer import TrainConfig, Trainer
+from dspark.train.trainer import Trainer
 from tests.e2e.conftest import drafter_for, eagle3_for, tiny_target
 
 RECIPE_ANSWERS = Path(__file__).resolve().parents[2] / "benchmarks" / "recipes" / "smollm2_drafter.answers.npz"

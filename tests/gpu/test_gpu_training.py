@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from dspark import DSparkConfig, DSparkDrafter
+from dspark.train.config import TrainConfig
 from dspark.train.samples import Sample
-from dspark.train.trainer import TrainConfig, Trainer
+from dspark.train.trainer import Trainer
 
 pytestmark = pytest.mark.gpu
 
