@@ -33,6 +33,35 @@ def barrier() -> None:
         torch.distributed.barrier()
 
 
+def init_from_torchrun(backend: str | None = None) -> None:
+    """Join the process group of a ``torchrun`` job: ``nccl`` on a GPU, ``gloo`` on a CPU (or ``backend``).
+
+    Under ``torchrun --max-restarts N`` the ranks of a restarted job meet in the store the first attempt used
+    (torch 2.13, ``--standalone``), which still holds that attempt's addresses: a rank that reads its dead
+    peer's address fails to connect ("Gloo connectFullMesh failed"), and so does the restart. So each attempt
+    keeps its keys under a prefix of its own (``TORCHELASTIC_RESTART_COUNT``).
+    """
+    import datetime
+    import os
+
+    missing = [name for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if name not in os.environ]
+    if missing:
+        raise ValueError(f"not launched by torchrun: {', '.join(missing)} unset")
+    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    timeout = datetime.timedelta(minutes=10)
+    # torchrun's agent hosts the store when it says so; otherwise rank 0 does, as env:// would have it.
+    hosted_by_agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = torch.distributed.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                                       is_master=rank == 0 and not hosted_by_agent, timeout=timeout)
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    torch.distributed.init_process_group(backend, store=torch.distributed.PrefixStore(f"dspark/attempt{attempt}",
+                                                                                      store),
+                                         rank=rank, world_size=world, timeout=timeout)
+
+
 def resolve_parallel(parallel: str, sequences_per_step: int) -> str:
     """The engine ``parallel`` means in this process group; ``ValueError`` for a run that cannot work."""
     if parallel not in PARALLEL:

@@ -70,7 +70,12 @@ def test_a_steps_op_count_does_not_grow_with_its_sequences():
     assert sixteen <= 1.5 * one, (one, sixteen)
 
 
-def test_data_parallel_engines_need_a_process_group_and_a_known_name():
+def test_data_parallel_engines_need_a_process_group_and_a_known_name(monkeypatch):
+    from dspark.train.distributed import init_from_torchrun
+
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    with pytest.raises(ValueError, match="not launched by torchrun: .*MASTER_PORT"):
+        init_from_torchrun()
     with pytest.raises(ValueError, match="torchrun"):
         tiny_trainer(parallel="fsdp")
     with pytest.raises(ValueError, match="parallel must be one of"):
@@ -118,3 +123,43 @@ def test_a_compiled_step_trains_as_the_eager_one():
         assert c["loss"] == pytest.approx(e["loss"], rel=1e-4)
     for (name, e), c in zip(eager.drafter.state_dict().items(), compiled.drafter.state_dict().values()):
         torch.testing.assert_close(c, e, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def torchrun(engine, run_dir, *extra, restarts=None):
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    if restarts is not None:
+        launcher += ["--max-restarts", str(restarts)]
+    return subprocess.run([*launcher, str(ROOT / "tests" / "e2e" / "torchrun_rank_kill.py"), engine, str(run_dir),
+                           *map(str, extra)], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600)
+
+
+def checkpoint_tensors(run_dir):
+    return {f"{name}::{key}": value for name in ("model", "optimizer")
+            for key, value in safetensors.torch.load_file(run_dir / f"{name}.safetensors").items()}
+
+
+@pytest.mark.parametrize("engine", ["ddp", "fsdp"])
+def test_a_killed_rank_restarts_from_the_last_checkpoint_or_stops_with_it_whole(tmp_path, engine):
+    """SIGKILL rank 1 as it starts step 3 of 4. With ``--max-restarts 1`` torchrun restarts both ranks, which
+    resume from the step-2 checkpoint and end bit for bit where an uninterrupted job ends; without it the job
+    stops, naming the rank and the signal, and its run directory holds the step-2 checkpoint, whole."""
+    whole = torchrun(engine, tmp_path / "uninterrupted")
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    expected = checkpoint_tensors(tmp_path / "uninterrupted")
+
+    restarted = torchrun(engine, tmp_path / "restarted", tmp_path / "killed-once", restarts=1)
+    assert restarted.returncode == 0, restarted.stderr[-3000:]
+    assert (tmp_path / "killed-once").exists(), "rank 1 was never killed"
+    assert "at step 2 of 4" in restarted.stdout + restarted.stderr
+    got = checkpoint_tensors(tmp_path / "restarted")
+    assert got.keys() == expected.keys() and any(k.endswith("::exp_avg") for k in got)
+    assert [k for k in got if not torch.equal(got[k], expected[k])] == []
+
+    stopped = torchrun(engine, tmp_path / "stopped", tmp_path / "killed")
+    assert stopped.returncode != 0
+    assert "SIGKILL" in stopped.stderr and "rank" in stopped.stderr, stopped.stderr[-3000:]
+    state = json.loads((tmp_path / "stopped" / "trainer_state.json").read_text(encoding="utf-8"))
+    assert state["step"] == 2
+    assert checkpoint_tensors(tmp_path / "stopped").keys() == expected.keys()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary folder left

@@ -17,6 +17,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from dspark.train.distributed import init_from_torchrun  # noqa: E402
 from tests.e2e.training_helpers import tiny_trainer  # noqa: E402
 
 STEPS = 4
@@ -24,7 +25,7 @@ STEPS = 4
 
 def main() -> None:
     engine, out = sys.argv[1], Path(sys.argv[2])
-    torch.distributed.init_process_group("gloo")
+    init_from_torchrun("gloo")
     torch.set_num_threads(1)
     try:
         tiny_trainer(steps=STEPS, parallel=engine, sequences_per_step=3)
