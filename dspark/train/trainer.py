@@ -161,12 +161,27 @@ class Trainer:
         anchor_pos, valid = sample_anchors(sample.loss_mask, self.config.num_anchors, self._generator(step, index))
         return anchor_pos[valid & (anchor_pos >= 1)]
 
+    def _step_indices(self, step: int) -> list[int]:
+        """The places in ``train`` of the sequences of ``step`` (counted in the drafter's whole training)."""
+        per = self.config.sequences_per_step
+        return [(step * per + i) % len(self.train) for i in range(per)]
+
+    def feature_order(self) -> list[int]:
+        """The feature keys that this rank's steps still to run read, each where it is first read: what a
+        :class:`dspark.train.streaming.FeatureStream` feeding this trainer should ask for. After
+        :meth:`resume` it leaves out what only the steps already taken read, so a restarted consumer asks for
+        nothing twice and misses nothing."""
+        first = self.config.step_offset + self.step
+        keys = [self._feature_key(idx, self.train[idx])
+                for step in range(first, self.config.step_offset + self.config.steps)
+                for idx in self._step_indices(step)[rank()::world_size()]]
+        return list(dict.fromkeys(keys))
+
     def train_step(self) -> dict:
         """One optimiser step over ``sequences_per_step`` sequences: this rank's share in one forward and backward."""
         world = world_size()
-        per = self.config.sequences_per_step
         step = self.config.step_offset + self.step  # the step in the drafter's whole training
-        indices = [(step * per + i) % len(self.train) for i in range(per)]
+        indices = self._step_indices(step)
         mine = [(idx, self.train[idx]) for idx in indices[rank()::world]]
         self.answer_tokens_seen += sum(int(self.train[idx].loss_mask.sum()) for idx in indices)
         prefetch = getattr(self.source, "prefetch", None)

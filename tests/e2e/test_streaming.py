@@ -90,6 +90,42 @@ def test_trainer_on_streamed_features_equals_online():
         assert torch.equal(a, b), f"{name} differs"
 
 
+def test_a_restarted_consumer_asks_for_what_the_remaining_steps_read_and_ends_as_one_never_stopped(tmp_path):
+    """The training process (the consumer) stops after its step-2 checkpoint, mid-stream, and a new one resumes:
+    its stream asks for :meth:`Trainer.feature_order`, which is exactly what steps 3 and 4 read, once each, and
+    it ends with the weights of a consumer never stopped."""
+    target = tiny_target(vocab=48)
+    samples = tiny_samples(target)[:6]
+    online = OnlineFeatures(target)
+
+    def streamed_trainer(steps=4):
+        trainer, _ = tiny_trainer(steps=steps, sequences_per_step=2)
+        transport = ThreadTransport(lambda i: online.features(i, samples[i]))
+        stream = FeatureStream(transport, trainer.feature_order(), timeout=30)
+        trainer.source = StreamedFeatures(stream)
+        return trainer, stream
+
+    never_stopped, _ = streamed_trainer()
+    never_stopped.fit(progress=False)
+
+    first, first_stream = streamed_trainer()
+    for _ in range(2):
+        first.train_step()
+    first.save(tmp_path / "run")  # then the process dies: the rest of its stream is never read
+    assert first.feature_order() == [4, 5, 0, 1]  # steps 3 and 4 read sequences 4, 5, then 0, 1 again
+
+    second, _ = tiny_trainer(steps=4, sequences_per_step=2)
+    second.resume(tmp_path / "run", target)
+    assert second.step == 2 and second.feature_order() == [4, 5, 0, 1]
+    stream = FeatureStream(ThreadTransport(lambda i: online.features(i, samples[i])), second.feature_order(),
+                           timeout=30)
+    second.source = StreamedFeatures(stream)
+    second.fit(progress=False)
+    assert sorted(index for index, _ in stream.log) == [0, 1, 4, 5] and stream.duplicates == 0
+    for (name, a), b in zip(never_stopped.drafter.state_dict().items(), second.drafter.state_dict().values()):
+        assert torch.equal(a, b), f"{name} differs"
+
+
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
