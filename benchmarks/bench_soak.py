@@ -1,15 +1,23 @@
-"""Soak: continuous-batching decoding of hundreds of prompts, plain and speculative, with resident memory sampled
-through the run.
+"""Soak: continuous-batching decoding of hundreds of prompts, plain and speculative, with memory sampled through
+the run.
 
-Writes ``soak_cpu.json``: prompts, whether every prompt's speculative output equals its plain one (greedy), and
-per mode the resident-memory samples, their least-squares slope over the run after its first tenth (warm-up:
-caches and allocator pools fill), and the total growth. A decoder that leaks (caches of finished requests kept,
-statistics tensors growing) shows a slope well above the noise of a flat run.
+Writes ``soak_cpu_<allocator>.json``: prompts, whether every prompt's speculative output equals its plain one
+(greedy), and per mode two memory series with their least-squares slopes over the run after its first tenth
+(warm-up: caches and allocator pools fill) and their growth: the resident set (what the system sees) and the
+bytes glibc's malloc has handed out and not had back (``mallinfo2``: what live objects hold). A decoder that
+leaks (caches of finished requests kept, statistics tensors growing) grows both; an allocator that keeps
+freed memory, or fragments it, grows the first alone.
 
-    python benchmarks/bench_soak.py [--prompts 500] [--max-new-tokens 32] [--max-batch 8] [--out benchmarks/results]
+``--allocator default`` decodes with glibc's own settings, as the demo and the decoding API do;
+``--allocator tuned`` with :func:`dspark.runtime.machine.tune_cpu_allocator`'s (no mmap, trim threshold 2 GiB),
+as ``python -m dspark train`` and ``answer`` do, whose corpus phase decodes too.
+
+    python benchmarks/bench_soak.py [--allocator default|tuned] [--prompts 500] [--max-new-tokens 32]
+                                    [--max-batch 8] [--out benchmarks/results]
 """
 
 import argparse
+import ctypes
 import sys
 import threading
 import time
@@ -38,8 +46,30 @@ def resident_mib() -> float:
     return pages * 4096 / 2**20
 
 
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                     "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def heap_in_use_mib() -> float | None:
+    """Bytes glibc's malloc has handed out and not had back, over all arenas and mmapped blocks (``mallinfo2``,
+    glibc 2.33 or later); ``None`` elsewhere."""
+    try:
+        mallinfo2 = ctypes.CDLL("libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        return None
+    mallinfo2.restype = _Mallinfo2
+    info = mallinfo2()
+    return (info.uordblks + info.hblkhd) / 2**20
+
+
+def _slope_per_min(t: np.ndarray, values: np.ndarray) -> float:
+    return 60 * float(np.polyfit(t, values, 1)[0]) if len(t) >= 3 else float("nan")
+
+
 class MemorySampler:
-    """Samples resident memory every ``interval`` seconds on a thread while a ``with`` block runs."""
+    """Samples resident memory and malloc's bytes in use every ``interval`` seconds on a thread while a ``with``
+    block runs."""
 
     def __init__(self, interval: float = 0.5):
         self.interval, self.samples, self._stop = interval, [], threading.Event()
@@ -52,7 +82,7 @@ class MemorySampler:
 
     def _run(self):
         while not self._stop.is_set():
-            self.samples.append((time.perf_counter() - self.start, resident_mib()))
+            self.samples.append((time.perf_counter() - self.start, resident_mib(), heap_in_use_mib()))
             self._stop.wait(self.interval)
 
     def __exit__(self, *exc):
@@ -61,14 +91,22 @@ class MemorySampler:
 
     def summary(self) -> dict:
         t = np.array([s[0] for s in self.samples])
-        rss = np.array([s[1] for s in self.samples])
         kept = t >= WARM_UP_FRACTION * t[-1]
-        slope = float(np.polyfit(t[kept], rss[kept], 1)[0]) if kept.sum() >= 3 else float("nan")
-        return {"seconds": round(float(t[-1]), 1), "rss_mib_start": round(float(rss[kept][0]), 1),
-                "rss_mib_end": round(float(rss[-1]), 1), "rss_mib_max": round(float(rss.max()), 1),
-                "rss_slope_mib_per_min": round(60 * slope, 3),
-                "rss_growth_after_warm_up_mib": round(float(rss[-1] - rss[kept][0]), 1),
-                "samples": [[round(float(a), 1), round(float(b), 1)] for a, b in zip(t[::10], rss[::10])]}
+        out = {"seconds": round(float(t[-1]), 1)}
+        series = {"rss": np.array([s[1] for s in self.samples])}
+        if self.samples[0][2] is not None:
+            series["heap_in_use"] = np.array([s[2] for s in self.samples])
+        for name, values in series.items():
+            out.update({f"{name}_mib_start": round(float(values[kept][0]), 1),
+                        f"{name}_mib_end": round(float(values[-1]), 1),
+                        f"{name}_mib_max": round(float(values.max()), 1),
+                        f"{name}_slope_mib_per_min": round(_slope_per_min(t[kept], values[kept]), 3),
+                        f"{name}_growth_after_warm_up_mib": round(float(values[-1] - values[kept][0]), 1)})
+        # Every tenth sample: seconds, then each series in MiB.
+        out["samples"] = [[round(float(s[0]), 1), *(round(float(v[i]), 1) for v in series.values())]
+                          for i, s in enumerate(self.samples) if i % 10 == 0]
+        out["sample_columns"] = ["seconds", *(f"{name}_mib" for name in series)]
+        return out
 
 
 def soak_prompts(count: int) -> list[str]:
@@ -80,6 +118,8 @@ def soak_prompts(count: int) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--allocator", choices=["default", "tuned"], default="default",
+                        help="glibc's own settings, or tune_cpu_allocator's (what training and answering use)")
     parser.add_argument("--prompts", type=int, default=500)
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--max-batch", type=int, default=8)
@@ -87,7 +127,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.prompts < 1:
         parser.error("--prompts must be positive")
-    tune_cpu_allocator()
+    if args.allocator == "tuned" and not tune_cpu_allocator():
+        parser.error("--allocator tuned needs Linux with glibc")
     target = load_default_target()
     drafter = load_drafter(shipped_drafter_dir(), target)
     prompts = [target.encode_chat(text) for text in soak_prompts(args.prompts)]
@@ -104,13 +145,15 @@ def main() -> None:
     modes["DSpark + Algorithm 1"] = {**spec_memory.summary(), "tokens_per_s": round(spec.tokens_per_second, 2),
                                      "tau": round(spec.stats.tau, 3)}
     identical = [a == b for a, b in zip(plain.tokens, spec.tokens)]
-    path = write_result("soak_cpu", {
-        "prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "max_batch": args.max_batch,
-        "threads": torch.get_num_threads(), "warm_up_fraction": WARM_UP_FRACTION,
+    path = write_result(f"soak_cpu_{args.allocator}", {
+        "allocator": args.allocator, "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
+        "max_batch": args.max_batch, "threads": torch.get_num_threads(), "warm_up_fraction": WARM_UP_FRACTION,
         "identical_outputs": all(identical), "identical_prompts": sum(identical), "modes": modes}, args.out)
     for mode, row in modes.items():
+        heap = (f"; malloc in use {row['heap_in_use_mib_start']} -> {row['heap_in_use_mib_end']} MiB, slope "
+                f"{row['heap_in_use_slope_mib_per_min']} MiB/min") if "heap_in_use_mib_end" in row else ""
         print(f"{mode}: {row['seconds']} s, RSS {row['rss_mib_start']} -> {row['rss_mib_end']} MiB, slope "
-              f"{row['rss_slope_mib_per_min']} MiB/min")
+              f"{row['rss_slope_mib_per_min']} MiB/min{heap}")
     print(f"identical outputs: {sum(identical)} of {len(prompts)}; wrote {path}")
 
 
