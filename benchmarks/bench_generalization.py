@@ -32,28 +32,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.environment import write_result  # noqa: E402
 from dspark.files.checkpoint import load_drafter, read_checkpoint_config, shipped_drafter_dir  # noqa: E402
 from dspark.runtime.target import load_default_target  # noqa: E402
-from dspark.train.config import TrainConfig
+from dspark.train.config import TrainConfig  # noqa: E402
 from dspark.train.corpus import corpus_order, load_answers, load_corpus, sample_path  # noqa: E402
 from dspark.train.features import OfflineFeatures  # noqa: E402
-from dspark.train.pipeline import (  # noqa: E402
-    code2_corpus_dir,
-    code_corpus_dir,
-    followup_corpus_dir,
-    math2_corpus_dir,
-    math3_corpus_dir,
-    math_corpus_dir,
-    recipe_sharegpt_split,
-    sampled_corpus_dir,
-)
-from dspark.train.pools import held_out_followups, load_training_prompts  # noqa: E402
-from dspark.train.trainer import Trainer
+from dspark.train.pipeline import recipe_sharegpt_split  # noqa: E402
+from dspark.train.pools import PoolSpec, load_training_prompts  # noqa: E402
+from dspark.train.trainer import Trainer  # noqa: E402
 
-# Each extra pool's corpus, from the ShareGPT corpus's directory and the drafter's training arguments.
-POOLS = {"code": lambda d, _: code_corpus_dir(d), "math": lambda d, _: math_corpus_dir(d),
-         "math2": lambda d, _: math2_corpus_dir(d), "math3": lambda d, _: math3_corpus_dir(d),
-         "code2": lambda d, _: code2_corpus_dir(d),
-         "sampled": lambda d, arguments: sampled_corpus_dir(d, arguments["sampled_temperature"]),
-         "followup": lambda d, _: followup_corpus_dir(d)}
+# Drafters trained before a recipe's pools were data (the shipped one among them) record each pool as
+# ``<name>_prompts`` and ``<name>_answers`` (and ``sampled_temperature``), its source fixed by its name.
+EARLIER_POOLS = {"code": {"source": "stdlib-code"}, "math": {"source": "word-problems"},
+                 "math2": {"source": "word-problems", "series": 2}, "math3": {"source": "word-problems", "series": 3},
+                 "code2": {"source": "stdlib-code", "series": 2}, "sampled": {"source": "sharegpt-resampled"},
+                 "followup": {"source": "sharegpt-followups"}}
 
 
 def spread(items: list, count: int) -> list:
@@ -76,10 +67,18 @@ def last_run_curve(meta: dict) -> list[dict]:
 RECIPES = Path(__file__).resolve().parent / "recipes"
 
 
-def archive(arguments: dict, key: str) -> Path | None:
-    """The committed answers archive that training ``arguments`` name under ``key`` (``answers``,
-    ``<pool>_answers``), if any."""
-    return RECIPES / arguments[key] if arguments.get(key) else None
+def archive(name: str | None) -> Path | None:
+    """The committed answers archive of that file name (as training arguments record it), if any."""
+    return RECIPES / name if name else None
+
+
+def training_pools(arguments: dict) -> list[PoolSpec]:
+    """The extra pools a drafter trained on, from its training ``arguments``, their archives committed ones."""
+    if "pools" in arguments:
+        return [PoolSpec(**{**pool, "answers": archive(pool.get("answers"))}) for pool in arguments["pools"]]
+    return [PoolSpec(name, count=arguments[f"{name}_prompts"], answers=archive(arguments.get(f"{name}_answers")),
+                     temperature=arguments["sampled_temperature"] if name == "sampled" else 0.0, **source)
+            for name, source in EARLIER_POOLS.items() if arguments.get(f"{name}_prompts")]
 
 
 def pool_samples(directory: Path, keys: list[int], answers: Path | None) -> list:
@@ -110,7 +109,7 @@ def measure(target, directory: Path, count: int, features_targets: dict) -> dict
         raise SystemExit(f"{directory}: not a DSpark drafter the recipe trained (no training record)")
     precision = run["train_config"]["precision"]
     try:
-        corpus, train, held_out = recipe_sharegpt_split(arguments, precision, answers=archive(arguments, "answers"))
+        corpus, train, held_out = recipe_sharegpt_split(arguments, precision, answers=archive(arguments.get("answers")))
     except ValueError as error:
         raise SystemExit(str(error)) from None
     if precision not in features_targets:
@@ -119,30 +118,30 @@ def measure(target, directory: Path, count: int, features_targets: dict) -> dict
     features = features_targets[precision]
     prompts = load_training_prompts(arguments["num_prompts"])
     drafter = load_drafter(directory, target)
+    pools = training_pools(arguments)
+    resampled = [pool for pool in pools if pool.source == "sharegpt-resampled"]
     row = {"drafter": directory.name, "steps": meta.get("steps"), "lr": arguments.get("lr"),
            "layers": drafter.config.num_draft_layers, "dropout": arguments.get("dropout", 0.0),
-           "sampled_prompts": arguments.get("sampled_prompts", 0),
-           "sampled_temperature": arguments.get("sampled_temperature") if arguments.get("sampled_prompts") else None,
-           "followup_prompts": arguments.get("followup_prompts", 0),
+           "sampled_prompts": sum(pool.count for pool in resampled),
+           "sampled_temperature": resampled[0].temperature if resampled else None,
+           "followup_prompts": sum(pool.count for pool in pools if pool.source == "sharegpt-followups"),
            "ce_weight": arguments.get("ce_weight"), "l1_weight": arguments.get("l1_weight"),
            "average_of": [a["directory"] for a in meta.get("average_of", [])],
            "held_out": evaluate(target, features, drafter, corpus, held_out, arguments, precision),
            "train": evaluate(target, features, drafter, corpus, spread(train, count), arguments, precision),
            "recorded_held_out_tau_prob": meta.get("final", {}).get("eval_tau_prob"),
            "last_run_curve": last_run_curve(meta)}
-    for name, pool_dir in POOLS.items():
-        if arguments.get(f"{name}_prompts"):
-            directory, answers = pool_dir(corpus, arguments), archive(arguments, f"{name}_answers")
-            # The pool's corpus answered the first <pool>_prompts of its own shuffled order.
-            manifest = directory / "corpus.json"
-            recorded = json.loads(manifest.read_text(encoding="utf-8")) if manifest.exists() or answers is None \
-                else load_answers(answers).manifest
-            keys = corpus_order(recorded["settings"]["num_prompts"])[: arguments[f"{name}_prompts"]]
-            if name == "followup":  # training left out the turns of held-out conversations
-                dropped = held_out_followups({prompts[s.key] for s in held_out})
-                keys = [key for key in keys if key not in dropped]
-            row[f"{name}_train"] = evaluate(target, features, drafter, directory,
-                                            pool_samples(directory, keys[:count], answers), arguments, precision)
+    for pool in pools:
+        directory, answers = pool.corpus_dir(corpus), pool.answers
+        # The pool's corpus answered the first `count` prompts of its own shuffled order.
+        manifest = directory / "corpus.json"
+        recorded = json.loads(manifest.read_text(encoding="utf-8")) if manifest.exists() or answers is None \
+            else load_answers(answers).manifest
+        keys = corpus_order(recorded["settings"]["num_prompts"])[: pool.count]
+        dropped = pool.held_out({prompts[s.key] for s in held_out})  # training left these out
+        keys = [key for key in keys if key not in dropped]
+        row[f"{pool.name}_train"] = evaluate(target, features, drafter, directory,
+                                             pool_samples(directory, keys[:count], answers), arguments, precision)
     return row
 
 

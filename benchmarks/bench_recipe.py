@@ -40,25 +40,14 @@ def main(argv=None) -> int:
     from dspark.runtime.prompts import load_prompt_mix
     from dspark.runtime.target import cache_root, load_default_target
     from dspark.train.corpus import build_corpus, load_corpus
-    from dspark.train.pipeline import (
-        code2_corpus_dir,
-        code_corpus_dir,
-        followup_corpus_dir,
-        math2_corpus_dir,
-        math3_corpus_dir,
-        math_corpus_dir,
-    )
-    from dspark.train.pools import load_training_prompts
+    from dspark.train.pools import PoolSpec, load_training_prompts
 
     recipe = json.loads(args.recipe.read_text(encoding="utf-8"))
     arms = {}
     for objective, directory in trained_drafters().items():
         meta = json.loads((directory / "config.json").read_text(encoding="utf-8"))["metadata"]
-        arms[objective] = {k: meta.get(k) for k in ("steps", "train_sequences", "code_sequences", "math_sequences",
-                                                     "math2_sequences", "math3_sequences", "code2_sequences",
-                                                     "sampled_sequences", "followup_sequences",
-                                                     "held_out_sequences",
-                                                     "train_answer_tokens",
+        pool_sequences = [k for k in meta if k.endswith("_sequences")]  # each pool's, and the ShareGPT ones
+        arms[objective] = {k: meta.get(k) for k in (*pool_sequences, "steps", "train_answer_tokens",
                                                      "vocab", "curve", "final", "sts")}
         arms[objective]["run"] = meta.get("run")
         arms[objective]["directory"] = str(directory)
@@ -95,12 +84,8 @@ def main(argv=None) -> int:
                                  "speedup_over_batch1": here.tokens_per_second / batch1},
                     "note": "tokens/s over whole timed runs (prefill, decoding, feature capture and writes), bf16 "
                             "target; runs may have shared the CPU with other work"}
-    extra = {"code_corpus": pool_corpus(code_corpus_dir(corpus_dir)),
-             "math_corpus": pool_corpus(math_corpus_dir(corpus_dir)),
-             "math2_corpus": pool_corpus(math2_corpus_dir(corpus_dir)),
-             "math3_corpus": pool_corpus(math3_corpus_dir(corpus_dir)),
-             "code2_corpus": pool_corpus(code2_corpus_dir(corpus_dir)),
-             "followup_corpus": pool_corpus(followup_corpus_dir(corpus_dir))}
+    extra = {f"{name}_corpus": pool_corpus(PoolSpec.from_dict(name, pool).corpus_dir(corpus_dir))
+             for name, pool in recipe.get("pools", {}).items()}
     print(f"corpus: {len(samples)} samples, {corpus_tokens} answer tokens; regeneration: {answered} answer tokens "
           f"of timed runs in {seconds:.0f} s = {answered / seconds:.0f} tok/s "
           f"({answered / seconds / batch1:.1f}x plain batch-1 generation, {batch1:.1f} tok/s); answering "

@@ -46,10 +46,6 @@ def _train_flags(args) -> dict:
     return {k: v for k, v in flags.items() if v is not None}
 
 
-# dspark.train.pipeline.POOL_NAMES but "sampled", spelled out so that parsing arguments does not import torch.
-GROWABLE_POOLS = ("code", "math", "math2", "math3", "code2", "followup")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="dspark", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -124,12 +120,20 @@ def main(argv: list[str] | None = None) -> int:
                             "$DSPARK_CACHE/drafters/<run name>, announced at start)")
     answer = sub.add_parser("answer", help="answer more prompts of an extra pool into its answers archive, "
                                            "without training (a later `train` rebuilds them from the archive)")
-    answer.add_argument("--pool", required=True, choices=GROWABLE_POOLS)
+    answer.add_argument("--config", default=None, help="a recipe (JSON file) whose pools name --pool")
+    answer.add_argument("--pool", default=None, help="with --config: the pool's name in the recipe")
+    answer.add_argument("--source", default=None,
+                        help="without --config: the pool's kind of source (stdlib-code, word-problems, "
+                             "sharegpt-followups, file)")
+    answer.add_argument("--series", type=int, default=1, help="with --source: its series (stdlib-code: 1-2, "
+                                                              "word-problems: 1-3)")
+    answer.add_argument("--path", default=None, help="with --source file: the prompt file")
     answer.add_argument("--prompts", type=int, required=True,
                         help="how many of the pool's prompts the archive should hold (a prefix of its shuffled order)")
-    answer.add_argument("--archive", required=True,
-                        help="the pool's answers archive (.npz): the answers it holds are kept, not answered "
-                             "again, and it is rewritten holding all --prompts; a missing one is started")
+    answer.add_argument("--archive", default=None,
+                        help="the answers archive (.npz; default: the one the recipe names for the pool): the "
+                             "answers it holds are kept, not answered again, and it is rewritten holding all "
+                             "--prompts; a missing one is started")
     answer.add_argument("--precision", choices=["auto", "bf16", "fp32"], default=None,
                         help="the answering target's dtype (default: the archive's, or auto for a new archive)")
     average = sub.add_parser("average", help="average the weights of drafters that continued one parent")
@@ -161,9 +165,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "answer":
         from dspark.runtime.machine import tune_cpu_allocator
         from dspark.train.pipeline import answer_pool
+        from dspark.train.pools import PoolSpec
+        from dspark.train.recipe import recipe_pool
 
-        tune_cpu_allocator()
-        done = answer_pool(args.pool, args.prompts, args.archive, precision=args.precision)
+        if (args.config is None) == (args.source is None) or (args.config is None) != (args.pool is None):
+            parser.error("answer takes a recipe's pool (--config and --pool) or a source (--source)")
+        try:
+            pool = recipe_pool(args.config, args.pool) if args.config else \
+                PoolSpec(args.source, args.source, series=args.series, path=args.path)
+            archive = args.archive or pool.answers
+            if archive is None:
+                parser.error("no answers archive: give --archive" + (" (the recipe names none for the pool)"
+                                                                      if args.config else ""))
+            tune_cpu_allocator()
+            done = answer_pool(pool, args.prompts, archive, precision=args.precision)
+        except ValueError as error:
+            raise SystemExit(f"dspark answer: {error}") from error
         print(f"{done['archive']}: {done['prompts_before']:,} → {done['prompts']:,} prompts, "
               f"{done['answer_tokens_before']:,} → {done['answer_tokens']:,} answer tokens in {done['seconds']:,.0f} s "
               f"(features under {done['corpus']})")

@@ -104,12 +104,19 @@ def training_runs(run: dict | None) -> list[dict]:
     return runs
 
 
-# The prompt pools a recipe run may add to the ShareGPT sequences (``<pool>_prompts``), as the paper names them,
-# and as it names their answers when it reports the draft vocabulary's coverage.
+# The prompt pools a recipe run may add to the ShareGPT sequences, as the paper names them, and as it names their
+# answers when it reports the draft vocabulary's coverage.
 POOLS = {"code": "standard-library code prompts", "math": "word problems", "math2": "second-series word problems",
          "math3": "third-series word problems", "code2": "second-series code prompts",
          "sampled": "sampled answers to the ShareGPT training prompts",
          "followup": "later ShareGPT turns as prompts of their own"}
+
+
+def pool_count(arguments: dict, pool: str) -> int:
+    """How many of ``pool``'s prompts a run's recorded ``arguments`` trained on: ``pools`` holds them, and runs from
+    before pools were data (the committed drafters') recorded ``<pool>_prompts``."""
+    counts = {recorded["name"]: recorded.get("count", 0) for recorded in arguments.get("pools", [])}
+    return counts.get(pool) or arguments.get(f"{pool}_prompts") or 0
 
 
 def listing(items: list[str]) -> str:
@@ -122,7 +129,7 @@ def pool_start_steps(run: dict | None) -> dict[str, int]:
     starts, done = {}, 0
     for r in training_runs(run):
         for pool in POOLS:
-            if r["arguments"].get(f"{pool}_prompts") and pool not in starts:
+            if pool_count(r["arguments"], pool) and pool not in starts:
                 starts[pool] = done
         done += r["arguments"]["steps"]
     return starts
@@ -167,10 +174,10 @@ def continuation_sentence(run: dict | None) -> str:
             f"of {num(lr, 'g')}" for lr, ns in groups) + ","
     added = []
     for pool, name in POOLS.items():
-        runs_with = [r for r in later if r["arguments"].get(f"{pool}_prompts")]
+        runs_with = [r for r in later if pool_count(r["arguments"], pool)]
         if runs_with:
             added.append(("the last run" if len(runs_with) == 1 else f"the last {len(runs_with)} runs")
-                         + f" with {num(runs_with[-1]['arguments'][f'{pool}_prompts'], 'd')} {name} added")
+                         + f" with {num(pool_count(runs_with[-1]['arguments'], pool), 'd')} {name} added")
     data = " over the same ShareGPT sequences, " + listing(added) + " (§2)" if added else \
         " over the same sequences"
     return (f" Its first {num(runs[0]['arguments']['steps'], 'd')} steps were the recipe's; it was then continued "

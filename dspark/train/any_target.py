@@ -28,87 +28,7 @@ from pathlib import Path
 import torch
 
 from dspark.io import atomic_write_text
-
-# Prompt sets that ship inside PyPI packages, by the name ``--prompts`` takes.
-PACKAGED_PROMPTS = ("sharegpt", "code", "math")
-# Keys a JSONL record may hold its prompt under, tried in this order (after messages / conversations).
-PROMPT_KEYS = ("prompt", "instruction", "question", "text", "input")
-_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
-
-
-def read_prompts(source: str | os.PathLike) -> list[str | list[dict]]:
-    """Prompts from ``source``: one of :data:`PACKAGED_PROMPTS`, or a file.
-
-    A ``.jsonl`` file holds one record a line: a string, or an object with ``messages`` / ``conversations``
-    (chat turns as ``{"role", "content"}`` or ShareGPT's ``{"from", "value"}``; trailing assistant turns are
-    dropped, so the target answers the last user turn) or one of :data:`PROMPT_KEYS`. A ``.json`` file holds a
-    list of such records. Any other file holds one prompt a line. Returns strings (one user turn each) and
-    lists of ``{"role", "content"}`` messages. Raises ``ValueError`` naming the file and line that cannot be read.
-    """
-    name = str(source)
-    if name in PACKAGED_PROMPTS and not Path(name).exists():
-        from dspark.train.pools import load_code_prompts, load_training_prompts
-        from dspark.train.word_problems import load_math_prompts
-
-        return {"sharegpt": load_training_prompts, "code": load_code_prompts, "math": load_math_prompts}[name]()
-    path = Path(source)
-    if not path.is_file():
-        raise ValueError(f"no prompt file {path}: give a .jsonl, .json or text file, or one of "
-                         f"{', '.join(PACKAGED_PROMPTS)}")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise ValueError(f"cannot read {path} as UTF-8 text: {error}") from error
-    if path.suffix == ".json":
-        try:
-            records = json.loads(text)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{path} is not valid JSON: {error}") from error
-        if not isinstance(records, list):
-            raise ValueError(f"{path} must hold a JSON list of prompts")
-        prompts = [_prompt(record, f"{path}, item {i + 1}") for i, record in enumerate(records)]
-    elif path.suffix == ".jsonl":
-        prompts = []
-        for number, line in enumerate(text.split("\n"), 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{path}, line {number}: not JSON ({error.msg})") from error
-            prompts.append(_prompt(record, f"{path}, line {number}"))
-    else:
-        prompts = [line.strip() for line in text.splitlines() if line.strip()]
-    if not prompts:
-        raise ValueError(f"{path} holds no prompts")
-    return prompts
-
-
-def _prompt(record, where: str) -> str | list[dict]:
-    """One prompt from a JSON record (see :func:`read_prompts`)."""
-    if isinstance(record, str) and record.strip():
-        return record
-    if isinstance(record, dict):
-        turns = record.get("messages", record.get("conversations"))
-        if isinstance(turns, list):
-            messages = []
-            for turn in turns:
-                role = _ROLES.get(str(turn.get("role", turn.get("from", ""))).lower()) if isinstance(turn, dict) \
-                    else None
-                content = turn.get("content", turn.get("value")) if isinstance(turn, dict) else None
-                if role is None or not isinstance(content, str):
-                    raise ValueError(f"{where}: a chat turn needs a role (user, assistant, system) and text content")
-                messages.append({"role": role, "content": content})
-            while messages and messages[-1]["role"] == "assistant":
-                messages.pop()
-            if messages and messages[-1]["role"] == "user":
-                return messages
-            raise ValueError(f"{where}: the conversation has no user turn for the target to answer")
-        for key in PROMPT_KEYS:
-            if isinstance(record.get(key), str) and record[key].strip():
-                return record[key]
-    raise ValueError(f"{where}: expected a string or an object with messages, conversations or one of "
-                     f"{', '.join(PROMPT_KEYS)}")
+from dspark.train.pools import read_prompts
 
 
 def encode_prompts(target, prompts: list[str | list[dict]], *, plain_text: bool = False) -> list[list[int]]:
@@ -164,8 +84,9 @@ def train_for_target(target_path: str | os.PathLike, prompts: str | os.PathLike,
     Args:
         target_path: a local Hugging Face model directory (config, weights, tokenizer), or the directory of
             ``gguf_file``. Never downloaded.
-        prompts: a prompt file or a packaged prompt set (:func:`read_prompts`); the first ``num_prompts`` of a
-            seeded shuffle are answered (all by default), greedily, with at most ``max_new_tokens`` each.
+        prompts: a prompt file or a packaged prompt set (:func:`dspark.train.pools.read_prompts`); the first
+            ``num_prompts`` of a seeded shuffle are answered (all by default), greedily, with at most
+            ``max_new_tokens`` each.
         plain_text: feed prompts as plain text instead of through the chat template (base models).
         objective: ``dspark`` (Markov and confidence heads, STS) or ``dflash`` (the backbone alone, CE).
         draft_vocab_size: the drafter's vocabulary, the most frequent answer tokens plus EOS; default

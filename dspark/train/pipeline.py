@@ -4,7 +4,8 @@
 target answers ShareGPT prompts and the extra prompt pools, the draft vocabulary is taken from the answers,
 :class:`dspark.train.trainer.Trainer` trains, STS calibrates); :func:`answer_pool` grows a pool's answers archive
 without training, and :func:`average_drafters` averages continuations of one drafter. A whole schedule of
-runs is a recipe (:mod:`dspark.train.recipe`). Imports flow one way: ``training`` ← ``corpus`` ← ``pipeline``.
+runs is a recipe (:mod:`dspark.train.recipe`), and the extra prompt pools are data in it
+(:class:`dspark.train.pools.PoolSpec`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import random
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import NamedTuple
 
 import torch
 
@@ -26,20 +26,13 @@ from dspark.files.checkpoint import load_drafter, read_checkpoint_config
 from dspark.runtime.machine import resolve_precision
 from dspark.train.config import TrainConfig
 from dspark.train.features import KeyedFeatures, OfflineFeatures
+from dspark.train.pools import PoolSpec
 from dspark.train.samples import Sample
 from dspark.train.trainer import Trainer, calibrate_on_samples, source_commit
 
-# The extra prompt pools' samples train under their corpus key plus these, above every ShareGPT key (six-digit
-# file names), so one feature source can route each sample to its corpus.
-CODE_KEY_OFFSET = 1_000_000
-MATH_KEY_OFFSET = 2_000_000
-MATH2_KEY_OFFSET = 3_000_000
-MATH3_KEY_OFFSET = 4_000_000
-CODE2_KEY_OFFSET = 5_000_000
-SAMPLED_KEY_OFFSET = 6_000_000
-FOLLOWUP_KEY_OFFSET = 7_000_000
-# The extra pools, as the recipe's arguments name them (``<pool>_prompts``, ``<pool>_answers``).
-POOL_NAMES = ("code", "math", "math2", "math3", "code2", "sampled", "followup")
+# An extra pool's samples train under their corpus key plus (the pool's place among the run's pools + 1) times
+# this, above every ShareGPT key (six-digit file names), so one feature source can route each sample to its corpus.
+POOL_KEY_STRIDE = 1_000_000
 
 
 def recipe_corpus_dir(work: Path, precision: str, max_new_tokens: int, num_prompts: int | None = None) -> Path:
@@ -47,102 +40,42 @@ def recipe_corpus_dir(work: Path, precision: str, max_new_tokens: int, num_promp
     return work / (f"corpus-{precision}-{max_new_tokens}" + ("" if num_prompts is None else f"-{num_prompts}"))
 
 
-def code_corpus_dir(corpus_dir: Path) -> Path:
-    """Where the recipe caches the standard-library code prompts' corpus beside the ShareGPT one at ``corpus_dir``."""
-    return corpus_dir.with_name(corpus_dir.name + "-stdlib-code")
+def pool_specs(pools: dict[str, dict] | None) -> list[PoolSpec]:
+    """The run's extra pools, in the order they join its data, from ``{name: {"source": ..., "count": ...}}``
+    (:class:`dspark.train.pools.PoolSpec`); ``ValueError`` for one that cannot be."""
+    specs = [PoolSpec.from_dict(name, settings) for name, settings in (pools or {}).items()]
+    for spec in specs:
+        if spec.answers is not None and not spec.count:
+            raise ValueError(f"pool {spec.name!r}: an answers archive is given but count is 0, so it would not "
+                             f"be read")
+    return specs
 
 
-def math_corpus_dir(corpus_dir: Path) -> Path:
-    """Where the recipe caches the word-problem prompts' corpus beside the ShareGPT one at ``corpus_dir``."""
-    return corpus_dir.with_name(corpus_dir.name + "-word-problems")
-
-
-def code2_corpus_dir(corpus_dir: Path) -> Path:
-    """Where the recipe caches the second series of code prompts' corpus beside the ShareGPT one at ``corpus_dir``."""
-    return corpus_dir.with_name(corpus_dir.name + "-stdlib-code-2")
-
-
-def math2_corpus_dir(corpus_dir: Path) -> Path:
-    """Where the recipe caches the second series of word problems' corpus beside the ShareGPT one at
-    ``corpus_dir``."""
-    return corpus_dir.with_name(corpus_dir.name + "-word-problems-2")
-
-
-def math3_corpus_dir(corpus_dir: Path) -> Path:
-    """Where the recipe caches the third series of word problems' corpus beside the ShareGPT one at
-    ``corpus_dir``."""
-    return corpus_dir.with_name(corpus_dir.name + "-word-problems-3")
-
-
-def followup_corpus_dir(corpus_dir: Path) -> Path:
-    """Where the recipe caches the ShareGPT later turns' corpus beside the first turns' one at ``corpus_dir``."""
-    return corpus_dir.with_name(corpus_dir.name + "-sharegpt-followups")
-
-
-def sampled_corpus_dir(corpus_dir: Path, temperature: float) -> Path:
-    """Where the recipe caches the ShareGPT training prompts' answers sampled at ``temperature`` beside the greedy
-    corpus at ``corpus_dir``."""
-    return corpus_dir.with_name(corpus_dir.name + f"-sampled-t{temperature:g}")
-
-
-class _Pool(NamedTuple):
-    """An extra prompt pool beside ShareGPT, as one recipe run asks for it."""
-
-    name: str
-    count: int  # prompts asked for
-    archive: str | os.PathLike | None
-    prompts: list[str]  # loaded only when some are asked for
-    directory: Path  # its corpus
-    key_offset: int
-    temperature: float  # 0: greedy answers
-
-
-def _extra_pools(corpus_dir: Path, counts: dict[str, int], archives: dict, sharegpt_train: list[str],
-                 sampled_temperature: float) -> list[_Pool]:
-    """The extra prompt pools beside ShareGPT, with their corpora beside the ShareGPT one at ``corpus_dir``;
-    the ``sampled`` pool answers the ShareGPT training prompts ``sharegpt_train`` again at ``sampled_temperature``."""
-    from dspark.train.pools import load_code_prompts, load_followup_prompts
-    from dspark.train.word_problems import load_math_prompts
-
-    pools = (("code", load_code_prompts, code_corpus_dir, CODE_KEY_OFFSET, 0.0),
-             ("math", load_math_prompts, math_corpus_dir, MATH_KEY_OFFSET, 0.0),
-             ("math2", lambda: load_math_prompts(series=2), math2_corpus_dir, MATH2_KEY_OFFSET, 0.0),
-             ("math3", lambda: load_math_prompts(series=3), math3_corpus_dir, MATH3_KEY_OFFSET, 0.0),
-             ("code2", lambda: load_code_prompts(series=2), code2_corpus_dir, CODE2_KEY_OFFSET, 0.0),
-             ("sampled", lambda: sharegpt_train, lambda d: sampled_corpus_dir(d, sampled_temperature),
-              SAMPLED_KEY_OFFSET, sampled_temperature),
-             ("followup", load_followup_prompts, followup_corpus_dir, FOLLOWUP_KEY_OFFSET, 0.0))
-    return [_Pool(name, counts[name], archives[name], load() if counts[name] else [], directory(corpus_dir), offset,
-                  temperature)
-            for name, load, directory, offset, temperature in pools]
-
-
-def _pool_samples(answering, pool: list[str], directory: Path, count: int, key_offset: int, *, what: str,
-                  max_new_tokens: int, answers: str | os.PathLike | None, progress: bool,
-                  temperature: float = 0.0, lazy_features: bool = False) -> list[Sample]:
-    """The first ``count`` prompts of ``pool`` answered into ``directory``
+def _pool_samples(answering, spec: PoolSpec, prompts: list[str], directory: Path, key_offset: int, *,
+                  max_new_tokens: int, progress: bool, lazy_features: bool) -> list[Sample]:
+    """The first ``spec.count`` of the pool's ``prompts`` answered into ``directory``
     (:func:`dspark.train.corpus.answered_corpus`), keyed from ``key_offset``."""
     from dspark.train.corpus import answered_corpus
 
-    if count > len(pool):
-        raise ValueError(f"{what}_prompts={count}, but its pool holds {len(pool)} prompts")
-    if not count:
+    if spec.count > len(prompts):
+        raise ValueError(f"pool {spec.name!r} asks for {spec.count} prompts, but its source holds {len(prompts)}")
+    if not spec.count:
         return []
-    samples = answered_corpus(answering, pool, directory, count, answers, max_new_tokens=max_new_tokens,
-                              progress=progress, temperature=temperature, lazy_features=lazy_features)
+    samples = answered_corpus(answering, prompts, directory, spec.count, spec.answers, max_new_tokens=max_new_tokens,
+                              progress=progress, temperature=spec.temperature, lazy_features=lazy_features)
     return [Sample(s.token_ids, s.loss_mask, key=key_offset + s.key) for s in samples]
 
 
-def answer_pool(pool: str, count: int, archive: str | os.PathLike, *, precision: str | None = None,
+def answer_pool(pool: PoolSpec, count: int, archive: str | os.PathLike, *, precision: str | None = None,
                 max_new_tokens: int = 192, work_dir: str | os.PathLike | None = None, progress: bool = True) -> dict:
-    """Grow the answers archive of the extra prompt pool ``pool`` (one of :data:`POOL_NAMES` but ``sampled``) to
-    its first ``count`` prompts with the default target, without training (:func:`dspark.train.corpus.grow_answers`).
+    """Grow the answers archive of the extra prompt pool ``pool`` to its first ``count`` prompts with the default
+    target, without training (:func:`dspark.train.corpus.grow_answers`).
 
     The new answers' corpus is written where :func:`train_default_drafter` looks for it under ``work_dir``, so a
-    run that names the grown archive (``<pool>_prompts`` up to ``count``) finds their features on disk and
+    run that names the grown archive (the pool's ``count`` up to ``count``) finds their features on disk and
     rebuilds only those of the answers the archive held before. ``precision``
     (``"auto"``, ``"bf16"`` or ``"fp32"``) is the answering target's; by default the archive's, or ``"auto"`` for a
-    new archive, since answers from targets in two dtypes cannot share one corpus. The ``sampled`` pool
+    new archive, since answers from targets in two dtypes cannot share one corpus. A ``sharegpt-resampled`` pool
     answers the ShareGPT training prompts again, which a run's held-out split decides, so it grows only with
     ``train``. Returns what was done: prompts and answer tokens before and after, and seconds (the archive's manifest
     records each answering run's tokens/s).
@@ -150,11 +83,9 @@ def answer_pool(pool: str, count: int, archive: str | os.PathLike, *, precision:
     from dspark.runtime.target import cache_root, load_default_target
     from dspark.train.corpus import grow_answers, load_answers
 
-    growable = [name for name in POOL_NAMES if name != "sampled"]
-    if pool not in growable:
-        raise ValueError(f"pool must be one of {growable}, got {pool!r}"
-                         + ("; the sampled pool depends on a run's held-out split, so `train` answers it"
-                            if pool == "sampled" else ""))
+    if pool.source == "sharegpt-resampled":
+        raise ValueError(f"pool {pool.name!r} answers a run's ShareGPT training prompts again, which the run's "
+                         "held-out split decides: `train` answers it")
     if count < 1:
         raise ValueError(f"count must be positive, got {count}")
     archive = Path(archive)
@@ -164,15 +95,16 @@ def answer_pool(pool: str, count: int, archive: str | os.PathLike, *, precision:
         precision = {"torch.bfloat16": "bf16", "torch.float32": "fp32"}.get(dtype, "auto")
     resolved = resolve_precision(precision)
     work = Path(work_dir) if work_dir else cache_root() / "training"
-    counts = {name: count if name == pool else 0 for name in POOL_NAMES}
-    (spec,) = [p for p in _extra_pools(recipe_corpus_dir(work, resolved, max_new_tokens), counts,
-                                       dict.fromkeys(POOL_NAMES), [], 1.0) if p.name == pool]
+    directory = pool.corpus_dir(recipe_corpus_dir(work, resolved, max_new_tokens))
+    prompts = pool.prompts([])
+    if count > len(prompts):
+        raise ValueError(f"pool {pool.name!r} asks for {count} prompts, but its source holds {len(prompts)}")
     start = time.perf_counter()
     answering = load_default_target(dtype=torch.bfloat16 if resolved == "bf16" else torch.float32)
-    grown = grow_answers(answering, spec.prompts, count, archive, spec.directory, max_new_tokens=max_new_tokens,
+    grown = grow_answers(answering, prompts, count, archive, directory, max_new_tokens=max_new_tokens,
                          progress=progress)
     seconds = time.perf_counter() - start
-    return {"pool": pool, "archive": str(archive), "corpus": str(spec.directory),
+    return {"pool": pool.name, "archive": str(archive), "corpus": str(directory),
             "prompts_before": len(before.keys) if before else 0, "prompts": len(grown.keys),
             "answer_tokens_before": before.answer_tokens if before else 0, "answer_tokens": grown.answer_tokens,
             "seconds": round(seconds, 1)}
@@ -185,14 +117,7 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
                           precision: str = "auto", held_out: int = 48, eval_every: int = 200,
                           seed: int = 0, ce_weight: float | None = None, l1_weight: float | None = None,
                           dropout: float = 0.0,
-                          answers: str | os.PathLike | None = None, code_prompts: int = 0, math_prompts: int = 0,
-                          code_answers: str | os.PathLike | None = None,
-                          math_answers: str | os.PathLike | None = None, math2_prompts: int = 0,
-                          math2_answers: str | os.PathLike | None = None, math3_prompts: int = 0,
-                          math3_answers: str | os.PathLike | None = None, code2_prompts: int = 0,
-                          code2_answers: str | os.PathLike | None = None, sampled_prompts: int = 0,
-                          sampled_answers: str | os.PathLike | None = None, sampled_temperature: float = 0.7,
-                          followup_prompts: int = 0, followup_answers: str | os.PathLike | None = None,
+                          answers: str | os.PathLike | None = None, pools: dict[str, dict] | None = None,
                           continue_from: str | os.PathLike | None = None,
                           features: str = "eager", work_dir: str | os.PathLike | None = None,
                           calibrate: bool = True, progress: bool = True) -> Path:
@@ -209,26 +134,16 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
        With ``answers`` (an archive :func:`dspark.train.corpus.save_answers` wrote from this corpus), the answers it
        holds are not generated again: their features are rebuilt from it (:func:`dspark.train.corpus.rebuild_corpus`,
        by the target in ``precision`` whatever dtype answered), and only prompts it lacks are answered.
-       ``code_prompts`` adds that many function-completion prompts from Python's standard library
-       (:func:`dspark.train.pools.load_code_prompts`, a prefix of their shuffled order), answered into a corpus of
-       their own: they train beside the ShareGPT samples (shuffled in among them) and are never held out,
-       so τ_prob stays measured on the same held-out ShareGPT sequences. ``code2_prompts`` does the same with
-       the code prompts' second series (``series=2``: the documented functions the first leaves out),
-       ``math_prompts`` with grade-school word problems made from templates
-       (:func:`dspark.train.word_problems.load_math_prompts`), and ``math2_prompts`` and ``math3_prompts`` with its
-       second and third series of problem shapes (``series=2`` and ``series=3``). ``code_answers``, ``code2_answers``,
-       ``math_answers``, ``math2_answers`` and ``math3_answers`` are those corpora's archives, read as ``answers``
-       is. ``sampled_prompts`` answers that many ShareGPT training prompts (never a held-out one) once more,
-       sampled at ``sampled_temperature`` instead of greedily (:func:`dspark.train.corpus.build_corpus`): new answer
-       text for prompts whose greedy answers the ShareGPT corpus already holds; ``sampled_answers`` is that
-       corpus's archive. ``followup_prompts`` answers that many of ShareGPT's later human turns, each as a
-       prompt of its own (:func:`dspark.train.pools.load_followup_prompts`): new prompts in the held-out sequences'
-       register. Answers to turns from a conversation that touches a held-out prompt are answered but not
-       trained on (their number is recorded as ``followup_held_out_dropped``); ``followup_answers`` is that
-       corpus's archive.
+       ``pools`` adds extra prompt pools (``{name: {"source": ..., "count": n, ...}}``, a
+       :class:`dspark.train.pools.PoolSpec` each: standard-library code, word problems, ShareGPT's later turns,
+       the training prompts answered again at a temperature, or a prompt file), each answered into a corpus of
+       its own beside the ShareGPT one, its archive read as ``answers`` is. Their samples train beside the
+       ShareGPT ones (shuffled in among them) and are never held out, so τ_prob stays measured on the same
+       held-out ShareGPT sequences; answers to later turns of a conversation that touches a held-out prompt are
+       answered but not trained on (their number is recorded as ``<pool>_held_out_dropped``).
     2. ``vocab``: with ``draft_vocab_size``, the draft vocabulary is the most frequent answer tokens of the
-       ShareGPT training split (plus EOS), so adding code or math prompts keeps a drafter's vocabulary; its
-       coverage of the training, held-out and each extra pool's answers is recorded.
+       ShareGPT training split (plus EOS), so adding pools keeps a drafter's vocabulary; its coverage of the
+       training, held-out and each extra pool's answers is recorded.
     3. ``train``: :class:`Trainer` for ``steps`` steps of ``sequences_per_step`` sequences, checkpointing every
        ``eval_every`` steps (and resuming from the last checkpoint), evaluating τ_prob on the ``held_out``
        sequences (the highest prompt indices) against the answer tokens seen so far.
@@ -260,8 +175,8 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     answers the whole prompt pool (about 7,700 prompts, two to three hours on 2 cores).
 
     ``continue_from`` (a drafter this function wrote with the same objective, data and shape, or fewer layers)
-    trains that drafter further instead of a new one (it may add code or math prompts to the parent's data, the
-    ShareGPT part being the same): its weights are loaded (the optimiser's state starts empty), the
+    trains that drafter further instead of a new one (it may add pools to the parent's data, the ShareGPT part
+    being the same): its weights are loaded (the optimiser's state starts empty), the
     learning-rate schedule starts over (warm-up, then cosine over ``steps`` at ``lr``), and the data order and
     anchors pick up where its training stopped, so no step repeats a block it was trained on
     (:attr:`TrainConfig.step_offset`). The metadata keeps the earlier run (``run.parent``) and one curve over both.
@@ -282,23 +197,12 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     work = Path(work_dir) if work_dir else cache_root() / "training"
     t0 = time.perf_counter()
     resolved = resolve_precision(precision)
-    # Refuse bad weights or dropout before the corpus phase, which may take hours.
+    # Refuse bad weights, dropout or pools before the corpus phase, which may take hours.
     TrainConfig(objective=objective, ce_weight=ce_weight, l1_weight=l1_weight, dropout=dropout)
-    counts = {"code": code_prompts, "math": math_prompts, "math2": math2_prompts, "math3": math3_prompts,
-              "code2": code2_prompts, "sampled": sampled_prompts, "followup": followup_prompts}
-    archives = {"code": code_answers, "math": math_answers, "math2": math2_answers, "math3": math3_answers,
-                "code2": code2_answers, "sampled": sampled_answers, "followup": followup_answers}
-    if not sampled_temperature > 0:
-        raise ValueError(f"sampled_temperature must be positive, got {sampled_temperature}")
+    specs = pool_specs(pools)
     if features not in ("eager", "lazy"):
         raise ValueError(f"features must be 'eager' or 'lazy', got {features!r}")
     lazy = features == "lazy"
-    for what in counts:
-        count, archive = counts[what], archives[what]
-        if count < 0:
-            raise ValueError(f"{what}_prompts must be 0 or more, got {count}")
-        if archive is not None and not count:
-            raise ValueError(f"{what}_answers is given but {what}_prompts is 0, so the archive would not be read")
     corpus_dir = recipe_corpus_dir(work, resolved, max_new_tokens, num_prompts)
     prompts = load_training_prompts(num_prompts)
     answering = load_default_target(dtype=torch.bfloat16 if resolved == "bf16" else torch.float32)
@@ -309,24 +213,22 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     # The held-out sequences are those of the highest prompt indices (samples come by index).
     sharegpt_train_prompts = [prompts[s.key] for s in samples[:-held_out]]
     held_out_prompts = {prompts[s.key] for s in samples[-held_out:]}
-    pools = _extra_pools(corpus_dir, counts, archives, sharegpt_train_prompts, sampled_temperature)
-    extra = {pool.name: _pool_samples(answering, pool.prompts, pool.directory, pool.count, pool.key_offset,
-                                      what=pool.name, max_new_tokens=max_new_tokens, answers=pool.archive,
-                                      progress=progress, temperature=pool.temperature, lazy_features=lazy)
-             for pool in pools}
+    extra, dropped = {}, {}
+    for number, spec in enumerate(specs, 1):
+        offset = number * POOL_KEY_STRIDE
+        answered = _pool_samples(answering, spec, spec.prompts(sharegpt_train_prompts) if spec.count else [],
+                                 spec.corpus_dir(corpus_dir), offset, max_new_tokens=max_new_tokens,
+                                 progress=progress, lazy_features=lazy)
+        excluded = spec.held_out(held_out_prompts) if answered else set()
+        extra[spec.name] = [s for s in answered if s.key - offset not in excluded]
+        if spec.source == "sharegpt-followups" and answered:
+            dropped[spec.name] = len(answered) - len(extra[spec.name])
     feature_target = answering if lazy else None  # computes the features training reads that are not on disk
     del answering
-    followup_dropped = 0
-    if extra["followup"]:
-        from dspark.train.pools import held_out_followups
-
-        dropped = held_out_followups(held_out_prompts)
-        kept = [s for s in extra["followup"] if s.key - FOLLOWUP_KEY_OFFSET not in dropped]
-        followup_dropped, extra["followup"] = len(extra["followup"]) - len(kept), kept
     train, evaluation = samples[:-held_out], samples[-held_out:]
     sharegpt_train = train
     if any(extra.values()):
-        # The trainer walks its list in order: shuffled, code and math blocks come in every stretch of steps.
+        # The trainer walks its list in order: shuffled, every pool's blocks come in every stretch of steps.
         train = train + [sample for pool in extra.values() for sample in pool]
         random.Random(0).shuffle(train)
     clock["corpus"] = time.perf_counter() - t0
@@ -374,9 +276,9 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
 
     t0 = time.perf_counter()
     sources = {0: OfflineFeatures(corpus_dir, target.tap_layers, target.hidden_size, target=feature_target),
-               **{pool.key_offset: OfflineFeatures(pool.directory, target.tap_layers, target.hidden_size,
-                                                   target=feature_target)
-                  for pool in pools if extra[pool.name]}}
+               **{number * POOL_KEY_STRIDE: OfflineFeatures(spec.corpus_dir(corpus_dir), target.tap_layers,
+                                                            target.hidden_size, target=feature_target)
+                  for number, spec in enumerate(specs, 1) if extra[spec.name]}}
     source = KeyedFeatures(sources) if len(sources) > 1 else sources[0]
     train_config = TrainConfig(steps=steps, objective=objective, num_anchors=num_anchors, lr=lr,
                                sequences_per_step=sequences_per_step, eval_every=eval_every,
@@ -387,8 +289,8 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     name = f"checkpoint-{objective}-layers{num_draft_layers}-block{block_size}-steps{steps}-" \
            f"vocab{vocab_size or 'full'}-{len(samples)}seq-{resolved}" + (f"-seed{seed}" if seed else "") + \
            loss_weights_suffix(ce_weight, l1_weight) + (f"-dropout{dropout:g}" if dropout else "") + \
-           "".join(f"-{what}{count}" for what, count in counts.items() if count) + \
-           (f"-t{sampled_temperature:g}" if sampled_prompts else "")
+           "".join(f"-{spec.name}{spec.count}" + (f"-t{spec.temperature:g}" if spec.temperature else "")
+                   for spec in specs if spec.count)
     if parent is not None:
         trainer.answer_tokens_seen = parent["final"].get("answer_tokens_seen", 0)
         name += f"-after{parent['steps']}-{parent['digest']}"
@@ -411,18 +313,8 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
                  "eval_every": eval_every, "seed": seed, "ce_weight": ce_weight, "l1_weight": l1_weight,
                  "dropout": dropout,
                  "calibrate": calibrate,
-                 "answers": None if answers is None else Path(answers).name, "code_prompts": code_prompts,
-                 "math_prompts": math_prompts, "math2_prompts": math2_prompts, "math3_prompts": math3_prompts,
-                 "code2_prompts": code2_prompts,
-                 "code_answers": None if code_answers is None else Path(code_answers).name,
-                 "math_answers": None if math_answers is None else Path(math_answers).name,
-                 "math2_answers": None if math2_answers is None else Path(math2_answers).name,
-                 "math3_answers": None if math3_answers is None else Path(math3_answers).name,
-                 "code2_answers": None if code2_answers is None else Path(code2_answers).name,
-                 "sampled_prompts": sampled_prompts, "sampled_temperature": sampled_temperature,
-                 "sampled_answers": None if sampled_answers is None else Path(sampled_answers).name,
-                 "followup_prompts": followup_prompts,
-                 "followup_answers": None if followup_answers is None else Path(followup_answers).name,
+                 "answers": None if answers is None else Path(answers).name,
+                 "pools": [spec.record() for spec in specs],
                  "features": features, "continue_from": None if parent is None else parent["directory"]}
     curve = [{k: row[k] for k in ("step", "answer_tokens_seen", "eval_tau_prob", "eval_accuracy")}
              for row in trainer.history if "eval_tau_prob" in row]
@@ -430,8 +322,8 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
         curve = parent["curve"] + curve[1:]
     metadata = {"objective": objective, "steps": train_config.step_offset + trainer.step,
                 "train_sequences": len(train),
-                **{f"{what}_sequences": len(pool) for what, pool in extra.items()},
-                **({"followup_held_out_dropped": followup_dropped} if followup_prompts else {}),
+                **{f"{name}_sequences": len(pool) for name, pool in extra.items()},
+                **{f"{name}_held_out_dropped": count for name, count in dropped.items()},
                 "held_out_sequences": len(evaluation),
                 "train_answer_tokens": int(sum(int(s.loss_mask.sum()) for s in train)),
                 "final": trainer.history[-1] if trainer.history else {}, "vocab": vocab_report,
@@ -572,12 +464,12 @@ def average_drafters(directories: list[str | os.PathLike], output_dir: str | os.
                          objective=first["arguments"]["objective"])
     final = Trainer(mean, target.lm_head_weight(), source, held, config, held_out=held).evaluate()
     # The mean trained on every ingredient's pools: bench_generalization scores it on each of them.
-    arguments = dict(first["arguments"], continue_from=None)
+    largest: dict[str, dict] = {}
     for meta in metas:
-        theirs = meta["run"]["arguments"]
-        for pool in POOL_NAMES:
-            if (theirs.get(f"{pool}_prompts") or 0) > (arguments.get(f"{pool}_prompts") or 0):
-                arguments.update({k: v for k, v in theirs.items() if k.startswith(f"{pool}_")})
+        for pool in meta["run"]["arguments"].get("pools", []):
+            if pool.get("count", 0) > largest.get(pool["name"], {}).get("count", 0):
+                largest[pool["name"]] = pool
+    arguments = dict(first["arguments"], continue_from=None, pools=list(largest.values()))
     metadata = {"objective": arguments["objective"], "steps": max(int(m["steps"]) for m in metas),
                 "held_out_sequences": len(held), "final": final,
                 "average_of": [{"directory": d.name, "steps": int(m["steps"]), "final": m.get("final", {})}

@@ -1,16 +1,20 @@
-"""Training prompt pools that ship inside PyPI packages or Python itself: ShareGPT's first and later human turns,
-and functions of Python's standard library worded as the code evaluation words its prompts.
+"""Training prompts: the pools that ship inside PyPI packages or Python itself, prompt files, and a recipe's pools.
 
-Nothing is downloaded at run time; no pool holds an evaluation prompt (:func:`dspark.runtime.prompts.evaluation_texts`).
-Grade-school word problems are made from templates in :mod:`dspark.train.word_problems`.
+ShareGPT's first and later human turns, and functions of Python's standard library worded as the code evaluation
+words its prompts; grade-school word problems are made from templates in :mod:`dspark.train.word_problems`.
+Nothing is downloaded at run time; no pool holds an evaluation prompt
+(:func:`dspark.runtime.prompts.evaluation_texts`). :func:`read_prompts` reads a prompt file, and
+:class:`PoolSpec` is one of a recipe's extra prompt pools: a kind of source, its options and how many prompts.
 """
 
 from __future__ import annotations
 
 import functools
 import gzip
+import hashlib
 import json
 import os
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import NamedTuple
 
@@ -246,3 +250,190 @@ def _stdlib_functions(max_chars: int) -> tuple[tuple[str, ...], tuple[str, ...]]
                 seen[which].add(prompt)
                 series[which].append(prompt)
     return tuple(series[0]), tuple(series[1])
+
+
+# Prompt sets that ship inside PyPI packages, by the name ``--prompts`` takes.
+PACKAGED_PROMPTS = ("sharegpt", "code", "math")
+# Keys a JSONL record may hold its prompt under, tried in this order (after messages / conversations).
+PROMPT_KEYS = ("prompt", "instruction", "question", "text", "input")
+_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
+
+
+def read_prompts(source: str | os.PathLike) -> list[str | list[dict]]:
+    """Prompts from ``source``: one of :data:`PACKAGED_PROMPTS`, or a file.
+
+    A ``.jsonl`` file holds one record a line: a string, or an object with ``messages`` / ``conversations``
+    (chat turns as ``{"role", "content"}`` or ShareGPT's ``{"from", "value"}``; trailing assistant turns are
+    dropped, so the target answers the last user turn) or one of :data:`PROMPT_KEYS`. A ``.json`` file holds a
+    list of such records. Any other file holds one prompt a line. Returns strings (one user turn each) and
+    lists of ``{"role", "content"}`` messages. Raises ``ValueError`` naming the file and line that cannot be read.
+    """
+    name = str(source)
+    if name in PACKAGED_PROMPTS and not Path(name).exists():
+        from dspark.train.word_problems import load_math_prompts
+
+        return {"sharegpt": load_training_prompts, "code": load_code_prompts, "math": load_math_prompts}[name]()
+    path = Path(source)
+    if not path.is_file():
+        raise ValueError(f"no prompt file {path}: give a .jsonl, .json or text file, or one of "
+                         f"{', '.join(PACKAGED_PROMPTS)}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise ValueError(f"cannot read {path} as UTF-8 text: {error}") from error
+    if path.suffix == ".json":
+        try:
+            records = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path} is not valid JSON: {error}") from error
+        if not isinstance(records, list):
+            raise ValueError(f"{path} must hold a JSON list of prompts")
+        prompts = [_prompt(record, f"{path}, item {i + 1}") for i, record in enumerate(records)]
+    elif path.suffix == ".jsonl":
+        prompts = []
+        for number, line in enumerate(text.split("\n"), 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{path}, line {number}: not JSON ({error.msg})") from error
+            prompts.append(_prompt(record, f"{path}, line {number}"))
+    else:
+        prompts = [line.strip() for line in text.splitlines() if line.strip()]
+    if not prompts:
+        raise ValueError(f"{path} holds no prompts")
+    return prompts
+
+
+def _prompt(record, where: str) -> str | list[dict]:
+    """One prompt from a JSON record (see :func:`read_prompts`)."""
+    if isinstance(record, str) and record.strip():
+        return record
+    if isinstance(record, dict):
+        turns = record.get("messages", record.get("conversations"))
+        if isinstance(turns, list):
+            messages = []
+            for turn in turns:
+                role = _ROLES.get(str(turn.get("role", turn.get("from", ""))).lower()) if isinstance(turn, dict) \
+                    else None
+                content = turn.get("content", turn.get("value")) if isinstance(turn, dict) else None
+                if role is None or not isinstance(content, str):
+                    raise ValueError(f"{where}: a chat turn needs a role (user, assistant, system) and text content")
+                messages.append({"role": role, "content": content})
+            while messages and messages[-1]["role"] == "assistant":
+                messages.pop()
+            if messages and messages[-1]["role"] == "user":
+                return messages
+            raise ValueError(f"{where}: the conversation has no user turn for the target to answer")
+        for key in PROMPT_KEYS:
+            if isinstance(record.get(key), str) and record[key].strip():
+                return record[key]
+    raise ValueError(f"{where}: expected a string or an object with messages, conversations or one of "
+                     f"{', '.join(PROMPT_KEYS)}")
+
+
+# The kinds of source a recipe's pool may draw its prompts from (``PoolSpec.source``).
+SOURCES = ("stdlib-code", "word-problems", "sharegpt-followups", "sharegpt-resampled", "file")
+_SERIES = {"stdlib-code": (1, 2), "word-problems": (1, 2, 3)}
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """One extra prompt pool of a training run, as a recipe names it::
+
+        "pools": {"code2": {"source": "stdlib-code", "series": 2, "answers": "code2.answers.npz"}},
+        "phases": [{"steps": 4000, "pools": {"code2": 1490}}]
+
+    ``source`` is a kind of prompt source, ``count`` how many of its prompts (a prefix of its shuffled order)
+    the run answers and trains on:
+
+    * ``stdlib-code``: standard-library functions worded as code prompts (:func:`load_code_prompts`;
+      ``series`` 1 or 2);
+    * ``word-problems``: grade-school word problems from templates
+      (:func:`dspark.train.word_problems.load_math_prompts`; ``series`` 1, 2 or 3);
+    * ``sharegpt-followups``: ShareGPT's later human turns, each a prompt (:func:`load_followup_prompts`); the
+      answers to turns of a conversation that touches a held-out prompt are answered but not trained on;
+    * ``sharegpt-resampled``: the run's ShareGPT training prompts answered again, sampled at ``temperature``;
+    * ``file``: the prompts of a file (:func:`read_prompts`: single-turn ones) at ``path``.
+
+    ``answers`` is the pool's answers archive (:func:`dspark.train.corpus.save_answers`), read as the ShareGPT
+    one is. Each pool's corpus is cached beside the ShareGPT one (:meth:`corpus_dir`).
+    """
+
+    name: str
+    source: str
+    count: int = 0
+    series: int = 1
+    temperature: float = 0.0
+    path: str | None = None
+    answers: str | None = None
+
+    def __post_init__(self):
+        where = f"pool {self.name!r}"
+        if self.source not in SOURCES:
+            raise ValueError(f"{where}: unknown source {self.source!r}; the sources are {', '.join(SOURCES)}")
+        if self.series not in _SERIES.get(self.source, (1,)):
+            raise ValueError(f"{where}: {self.source} has no series {self.series}"
+                             + (f" (it has {_SERIES[self.source]})" if self.source in _SERIES else ""))
+        if (self.source == "sharegpt-resampled") != (self.temperature > 0):
+            raise ValueError(f"{where}: a temperature above 0 is what sharegpt-resampled needs, and only it: "
+                             f"got {self.temperature} for {self.source}")
+        if (self.source == "file") != (self.path is not None):
+            raise ValueError(f"{where}: a path is what the file source needs, and only it")
+        if self.count < 0:
+            raise ValueError(f"{where}: count must be 0 or more, got {self.count}")
+
+    @classmethod
+    def from_dict(cls, name: str, settings: dict) -> PoolSpec:
+        """A pool from a recipe's ``{"source": ..., ...}``; ``ValueError`` for settings a pool does not have."""
+        known = {f.name for f in fields(cls)} - {"name"}
+        unknown = set(settings) - known
+        if unknown or "source" not in settings:
+            raise ValueError(f"pool {name!r}: needs a source and takes {', '.join(sorted(known))}; got "
+                             f"{sorted(settings)}")
+        return cls(name, **settings)
+
+    def record(self) -> dict:
+        """What a drafter's metadata keeps of the pool: its name and settings, the archive by file name. Runs
+        record their pools as a list: the order in which pools join a run's data decides its shuffle."""
+        defaults = {f.name: f.default for f in fields(self)}
+        kept = {"name": self.name} | {k: v for k, v in asdict(self).items() if k != "name" and v != defaults[k]}
+        if self.answers is not None:
+            kept["answers"] = Path(self.answers).name
+        return kept
+
+    def corpus_dir(self, sharegpt_corpus: Path) -> Path:
+        """Where the pool's answered corpus is cached, beside the ShareGPT one at ``sharegpt_corpus``."""
+        if self.source == "sharegpt-resampled":
+            suffix = f"sampled-t{self.temperature:g}"
+        elif self.source == "file":
+            digest = hashlib.sha256(Path(self.path).read_bytes()).hexdigest()[:12]
+            suffix = f"file-{Path(self.path).stem}-{digest}"  # another file, or this one edited: another corpus
+        else:
+            suffix = self.source + ("" if self.series == 1 else f"-{self.series}")
+        return sharegpt_corpus.with_name(f"{sharegpt_corpus.name}-{suffix}")
+
+    def prompts(self, sharegpt_train: list[str]) -> list[str]:
+        """The pool's prompts in the order a run takes them (``sharegpt_train``: the run's ShareGPT training
+        prompts, which ``sharegpt-resampled`` answers again)."""
+        if self.source == "stdlib-code":
+            return load_code_prompts(series=self.series)
+        if self.source == "word-problems":
+            from dspark.train.word_problems import load_math_prompts
+
+            return load_math_prompts(series=self.series)
+        if self.source == "sharegpt-followups":
+            return load_followup_prompts()
+        if self.source == "sharegpt-resampled":
+            return list(sharegpt_train)
+        prompts = read_prompts(self.path)
+        if not all(isinstance(p, str) for p in prompts):
+            raise ValueError(f"pool {self.name!r}: {self.path} holds chat conversations; a pool takes single-turn "
+                             f"prompts (strings, or records with one of {', '.join(PROMPT_KEYS)})")
+        return prompts
+
+    def held_out(self, held_out_prompts: set[str]) -> set[int]:
+        """Indices into :meth:`prompts` whose answers must not train, for a run that holds out
+        ``held_out_prompts`` (ShareGPT openings): the later turns of those conversations."""
+        return held_out_followups(held_out_prompts) if self.source == "sharegpt-followups" else set()

@@ -2,23 +2,25 @@
 
 A recipe names the settings its phases share (the objective and loss weights, the drafter's shape, the
 ShareGPT corpus, its held-out split and answers archive, anchors, batch and precision: the keyword arguments
-of :func:`dspark.train.pipeline.train_default_drafter`), the extra prompt pools it draws on with their answers
-archives, and its phases in order. Each phase trains for ``steps`` at a peak learning rate ``lr`` (warm-up,
-then cosine) on the ShareGPT corpus plus the pools it names, with how many of their prompts, continuing the
-drafter the phase before it wrote. ``arms`` are variants that run the first ``phases`` phases with other
-settings (another objective or loss mix, or fewer steps in each), so baselines train on exactly the main
-arm's data::
+of :func:`dspark.train.pipeline.train_default_drafter`), the extra prompt pools it draws on (each a kind of
+source with its options and answers archive, :class:`dspark.train.pools.PoolSpec`), and its phases in order.
+Each phase trains for ``steps`` at a peak learning rate ``lr`` (warm-up, then cosine) on the ShareGPT corpus
+plus the pools it names, with how many of their prompts, continuing the drafter the phase before it wrote.
+``arms`` are variants that run the first ``phases`` phases with other settings (another objective or loss mix,
+or fewer steps in each), so baselines train on exactly the main arm's data::
 
     {"objective": "dspark", "num_draft_layers": 2, "answers": "smollm2_drafter.answers.npz", ...,
-     "pools": {"code": "smollm2_drafter.code.answers.npz", "math": "smollm2_drafter.math.answers.npz"},
+     "pools": {"code": {"source": "stdlib-code", "answers": "smollm2_drafter.code.answers.npz"},
+               "math": {"source": "word-problems", "answers": "smollm2_drafter.math.answers.npz"}},
      "phases": [{"steps": 4000, "lr": 0.001},
                 {"steps": 6000, "lr": 0.0003, "pools": {"code": 1867, "math": 4000}}],
      "arms": {"dflash": {"objective": "dflash", "phases": 1}}}
 
-Paths are relative to the recipe file. :func:`run_recipe` trains the phases in turn, each but the last into
-a directory of its own beside the output (``<output>-phases/phase01-steps4000``, …), and skips a phase
-whose directory already holds the drafter it would write, so a schedule that was stopped resumes at its
-first unfinished phase (and that phase at its last checkpoint). A recipe without ``phases`` is one phase.
+Paths (answers archives, a ``file`` pool's prompts) are relative to the recipe file. :func:`run_recipe` trains
+the phases in turn, each but the last into a directory of its own beside the output
+(``<output>-phases/phase01-steps4000``, …), and skips a phase whose directory already holds the drafter it
+would write, so a schedule that was stopped resumes at its first unfinished phase (and that phase at its last
+checkpoint). A recipe without ``phases`` is one phase.
 """
 
 from __future__ import annotations
@@ -28,16 +30,18 @@ import json
 import os
 from pathlib import Path
 
+from dspark.train.pools import PoolSpec
+
 # Settings a phase may set: how long and how fast it trains, and on which pools. The rest is the recipe's.
 PHASE_SETTINGS = frozenset({"steps", "lr", "pools"})
 # Settings the schedule itself decides, which a recipe file cannot set.
 SCHEDULED = frozenset({"continue_from", "output_dir", "work_dir", "progress"})
 
 
-def _train_parameters() -> tuple[set[str], tuple[str, ...]]:
-    from dspark.train.pipeline import POOL_NAMES, train_default_drafter
+def _train_parameters() -> set[str]:
+    from dspark.train.pipeline import train_default_drafter
 
-    return set(inspect.signature(train_default_drafter).parameters), POOL_NAMES
+    return set(inspect.signature(train_default_drafter).parameters)
 
 
 def _steps(settings: dict) -> int:
@@ -53,17 +57,14 @@ def load_recipe(path: str | os.PathLike, arm: str | None = None) -> list[dict]:
     cannot run: unknown settings, a phase naming a pool the recipe does not list, an unknown arm."""
     path = Path(path)
     recipe = json.loads(path.read_text(encoding="utf-8"))
-    parameters, pool_names = _train_parameters()
-    pool_keys = {f"{pool}_{what}" for pool in pool_names for what in ("prompts", "answers")}
-    shared_keys = parameters - SCHEDULED - pool_keys
+    shared_keys = _train_parameters() - SCHEDULED - {"pools"}
     unknown = set(recipe) - shared_keys - {"pools", "phases", "arms"}
     if unknown:
         raise ValueError(f"{path}: unknown settings {sorted(unknown)}; allowed: {sorted(shared_keys)} and pools, "
                          f"phases, arms")
-    pools = recipe.get("pools", {})
-    bad = set(pools) - set(pool_names)
-    if bad:
-        raise ValueError(f"{path}: unknown pools {sorted(bad)}; the pools are {', '.join(pool_names)}")
+    relative = path.resolve().parent
+    pools = {name: _pool_settings(path, name, settings, relative)
+             for name, settings in recipe.get("pools", {}).items()}
     phases = recipe.get("phases") or [{}]
     arms = recipe.get("arms", {})
     overrides: dict = {}
@@ -78,7 +79,6 @@ def load_recipe(path: str | os.PathLike, arm: str | None = None) -> list[dict]:
         unknown = set(overrides) - shared_keys - (PHASE_SETTINGS - {"pools"})
         if unknown:
             raise ValueError(f"{path}: arm {arm!r} sets unknown settings {sorted(unknown)}")
-    relative = path.resolve().parent
     shared = {k: v for k, v in recipe.items() if k not in ("pools", "phases", "arms")}
     if shared.get("answers") is not None:
         shared["answers"] = str(relative / shared["answers"])
@@ -89,14 +89,36 @@ def load_recipe(path: str | os.PathLike, arm: str | None = None) -> list[dict]:
             raise ValueError(f"{path}: phase {index} sets {sorted(unknown)}; a phase sets only "
                              f"{', '.join(sorted(PHASE_SETTINGS))}")
         settings = dict(shared) | {k: v for k, v in phase.items() if k != "pools"} | overrides
+        settings["pools"] = {}
         for pool, count in phase.get("pools", {}).items():
             if pool not in pools:
                 raise ValueError(f"{path}: phase {index} draws on pool {pool!r}, which the recipe's pools do not list")
-            settings[f"{pool}_prompts"] = count
-            if pools[pool] is not None:
-                settings[f"{pool}_answers"] = str(relative / pools[pool])
+            settings["pools"][pool] = {**pools[pool], "count": count}
+            PoolSpec.from_dict(pool, settings["pools"][pool])  # a count it cannot take is refused before training
         expanded.append(settings)
     return expanded
+
+
+def recipe_pool(path: str | os.PathLike, name: str) -> PoolSpec:
+    """The pool ``name`` of the recipe at ``path`` (its count 0: no phase's); ``ValueError`` if it has none."""
+    path = Path(path)
+    pools = json.loads(path.read_text(encoding="utf-8")).get("pools", {})
+    if name not in pools:
+        raise ValueError(f"{path} has no pool {name!r}; its pools: {', '.join(pools) or 'none'}")
+    return PoolSpec.from_dict(name, _pool_settings(path, name, pools[name], path.resolve().parent))
+
+
+def _pool_settings(path: Path, name: str, settings, relative: Path) -> dict:
+    """A recipe's pool with its paths made absolute; ``ValueError`` for one :class:`PoolSpec` would refuse."""
+    if not isinstance(settings, dict):
+        raise ValueError(f"{path}: pool {name!r} must be an object with a source, such as "
+                         f'{{"source": "stdlib-code", "answers": "code.answers.npz"}}')
+    settings = {**settings, **{k: str(relative / settings[k]) for k in ("answers", "path") if settings.get(k)}}
+    try:
+        PoolSpec.from_dict(name, settings)
+    except ValueError as error:
+        raise ValueError(f"{path}: {error}") from None
+    return settings
 
 
 def phase_directories(output_dir: str | os.PathLike, phases: list[dict]) -> list[Path]:
@@ -117,7 +139,8 @@ def finished(directory: Path, settings: dict, parent: Path | None) -> bool:
     if not (directory / "config.json").exists():
         return False
     recorded = read_checkpoint_config(directory).get("metadata", {}).get("run", {}).get("arguments", {})
-    expected = {k: Path(v).name if k.endswith("answers") and v is not None else v for k, v in settings.items()}
+    expected = {k: Path(v).name if k == "answers" and v is not None else v for k, v in settings.items()}
+    expected["pools"] = [PoolSpec.from_dict(name, pool).record() for name, pool in settings["pools"].items()]
     expected["continue_from"] = None if parent is None else parent.name
     return all(recorded.get(k) == v for k, v in expected.items())
 

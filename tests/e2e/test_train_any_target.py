@@ -10,7 +10,8 @@ from dspark.files.export import load
 from dspark.runtime.decoding import SamplingConfig, generate, speculative_generate
 from dspark.runtime.target import load_target
 from dspark.scheduler import FixedLength
-from dspark.train.any_target import read_prompts, train_for_target
+from dspark.train.any_target import train_for_target
+from dspark.train.pools import read_prompts
 from tests.e2e.conftest import save_tiny_target, tiny_target
 
 WORDS = ["cat", "river", "boat", "seven", "number", "story", "add", "dog", "twelve", "function"]

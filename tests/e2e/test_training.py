@@ -348,67 +348,83 @@ def test_averaging_continuations_writes_their_mean_scored_on_the_held_out_split(
         average_drafters(children, tmp_path / "other", target=real_target, work_dir=tmp_path / "work")
 
 
-def test_the_recipe_adds_code_and_math_prompts_to_a_continuation_and_keeps_the_held_out_split(real_target, tmp_path):
-    """Code prompts (both series) and math prompts (all three series) are answered into corpora of their own and
-    train beside the ShareGPT samples: the features are read from the right corpus (a sample read from the wrong one
-    fails its token-id check), the vocabulary and the held-out sequences stay the parent's, and the counts are
-    recorded."""
+# The committed recipe's pools (benchmarks/recipes/smollm2_drafter.json), by source.
+RECIPE_POOLS = {"code": {"source": "stdlib-code"}, "math": {"source": "word-problems"},
+                "math2": {"source": "word-problems", "series": 2}, "math3": {"source": "word-problems", "series": 3},
+                "code2": {"source": "stdlib-code", "series": 2}}
+
+
+def counted(pools: dict, archives: dict | None = None, **counts) -> dict:
+    """``pools`` with each named pool's count (and answers archive, when ``archives`` names one)."""
+    return {name: {**pools[name], "count": count, **({"answers": archives[name]} if archives else {})}
+            for name, count in counts.items()}
+
+
+def test_the_recipe_adds_pools_to_a_continuation_and_keeps_the_held_out_split(real_target, tmp_path):
+    """Code prompts (both series), math prompts (all three series) and a prompt file are answered into corpora of
+    their own and train beside the ShareGPT samples: the features are read from the right corpus (a sample read from
+    the wrong one fails its token-id check), the vocabulary and the held-out sequences stay the parent's, and the
+    counts are recorded."""
     from dspark.runtime.machine import fastest_precision
     from dspark.train.pipeline import train_default_drafter
 
+    (tmp_path / "mine.txt").write_text("Name three rivers in Europe.\nWhat is a prime number?\nSay hello.\n",
+                                       encoding="utf-8")
+    sources = {**RECIPE_POOLS, "mine": {"source": "file", "path": str(tmp_path / "mine.txt")}}
     toy = toy_recipe(work_dir=tmp_path / "work", sequences_per_step=4, max_new_tokens=192)
     parent = train_default_drafter(tmp_path / "parent", steps=2, **toy)
-    child = train_default_drafter(tmp_path / "child", steps=4, continue_from=parent, code_prompts=2, math_prompts=2,
-                                  math2_prompts=2, math3_prompts=2, code2_prompts=2, **toy)
+    pools = counted(sources, code=2, math=2, math2=2, math3=2, code2=2, mine=2)
+    child = train_default_drafter(tmp_path / "child", steps=4, continue_from=parent, pools=pools, **toy)
     meta = json.loads((child / "config.json").read_text(encoding="utf-8"))["metadata"]
     first = json.loads((parent / "config.json").read_text(encoding="utf-8"))["metadata"]
-    pools = ("code", "math", "math2", "math3", "code2")
-    assert (meta["train_sequences"], *(meta[f"{what}_sequences"] for what in pools), meta["held_out_sequences"]) == \
-        (14, 2, 2, 2, 2, 2, 2)
-    assert [meta["run"]["arguments"][f"{what}_prompts"] for what in pools] == [2, 2, 2, 2, 2]
-    assert all(0 < meta["vocab"][f"{what}_coverage"] <= 1 for what in pools)
+    assert (meta["train_sequences"], *(meta[f"{name}_sequences"] for name in pools), meta["held_out_sequences"]) == \
+        (16, 2, 2, 2, 2, 2, 2, 2)
+    assert meta["run"]["arguments"]["pools"] == [{"name": name, **{k: v for k, v in pool.items()
+                                                                    if k != "series" or v != 1}}
+                                                 for name, pool in pools.items()]
+    assert all(0 < meta["vocab"][f"{name}_coverage"] <= 1 for name in pools)
     assert meta["vocab"]["held_out_coverage"] == first["vocab"]["held_out_coverage"]
     # The child's checkpoint is named after the ShareGPT corpus (6 samples) and each pool's count.
     (checkpoint,) = (tmp_path / "work").glob("checkpoint-*-after*")
     assert checkpoint.name.startswith(f"checkpoint-dspark-layers1-block7-steps4-vocab256-6seq-"
-                                      f"{fastest_precision('cpu')}-code2-math2-math22-math32-code22-after")
-    # Four steps of four sequences walk all fourteen training sequences, the code and math samples among them.
+                                      f"{fastest_precision('cpu')}-code2-math2-math22-math32-code22-mine2-after")
+    # The file's corpus is named after the file and its contents.
+    assert len(list((tmp_path / "work").glob("corpus-*-file-mine-*"))) == 1
+    # Four steps of four sequences walk all sixteen training sequences, every pool's among them.
     assert meta["final"]["answer_tokens_seen"] - first["final"]["answer_tokens_seen"] >= meta["train_answer_tokens"]
-    with pytest.raises(ValueError, match="code_prompts must be 0 or more"):
-        train_default_drafter(tmp_path / "other", steps=2, code_prompts=-1, **toy)
-    with pytest.raises(ValueError, match="its pool holds"):
-        train_default_drafter(tmp_path / "other", steps=2, code_prompts=10 ** 6, **toy)
-    with pytest.raises(ValueError, match="math_prompts must be 0 or more"):
-        train_default_drafter(tmp_path / "other", steps=2, math_prompts=-1, **toy)
-    with pytest.raises(ValueError, match="math_answers is given but math_prompts is 0"):
-        train_default_drafter(tmp_path / "other", steps=2, math_answers=tmp_path / "any.npz", **toy)
-    with pytest.raises(ValueError, match="math2_prompts=3000, but its pool holds 2000 prompts"):
-        train_default_drafter(tmp_path / "other", steps=2, math2_prompts=3000, **toy)
-    with pytest.raises(ValueError, match="math3_answers is given but math3_prompts is 0"):
-        train_default_drafter(tmp_path / "other", steps=2, math3_answers=tmp_path / "any.npz", **toy)
-    with pytest.raises(ValueError, match="code2_prompts=2000, but its pool holds"):
-        train_default_drafter(tmp_path / "other", steps=2, code2_prompts=2000, **toy)
+    for pools, message in [(counted(sources, code=-1), "pool 'code': count must be 0 or more"),
+                           (counted(sources, code=10 ** 6), "asks for 1000000 prompts, but its source holds"),
+                           (counted(sources, math2=3000), "pool 'math2' asks for 3000 prompts, but its source holds "
+                                                          "2000"),
+                           (counted(sources, mine=4), "asks for 4 prompts, but its source holds 3"),
+                           ({"math3": {**RECIPE_POOLS["math3"], "answers": str(tmp_path / "any.npz")}},
+                            "pool 'math3': an answers archive is given but count is 0"),
+                           ({"poems": {"source": "poetry", "count": 1}}, "unknown source 'poetry'")]:
+        with pytest.raises(ValueError, match=message):
+            train_default_drafter(tmp_path / "other", steps=2, pools=pools, **toy)
 
 
 def test_the_recipe_samples_new_answers_to_the_sharegpt_training_prompts_only(real_target, tmp_path):
-    """``sampled_prompts`` answers ShareGPT training prompts once more, sampled at ``sampled_temperature``: every
+    """A ``sharegpt-resampled`` pool answers ShareGPT training prompts once more, sampled at its temperature: every
     sampled sequence starts with a training prompt and none with a held-out one, the answers are not all the greedy
     ones, the corpus records its temperature, and the checkpoint is named after the count and the temperature."""
     from dspark.runtime.machine import fastest_precision
     from dspark.train.corpus import corpus_order, load_corpus
-    from dspark.train.pipeline import recipe_corpus_dir, sampled_corpus_dir, train_default_drafter
-    from dspark.train.pools import load_training_prompts
+    from dspark.train.pipeline import recipe_corpus_dir, train_default_drafter
+    from dspark.train.pools import PoolSpec, load_training_prompts
 
     toy = toy_recipe(work_dir=tmp_path / "work", sequences_per_step=4, max_new_tokens=192)
     parent = train_default_drafter(tmp_path / "parent", steps=2, **toy)
-    child = train_default_drafter(tmp_path / "child", steps=2, continue_from=parent, sampled_prompts=4,
-                                  sampled_temperature=1.0, **toy)
+    again = {"source": "sharegpt-resampled", "temperature": 1.0}
+    child = train_default_drafter(tmp_path / "child", steps=2, continue_from=parent,
+                                  pools={"sampled": {**again, "count": 4}}, **toy)
     meta = json.loads((child / "config.json").read_text(encoding="utf-8"))["metadata"]
     assert (meta["train_sequences"], meta["sampled_sequences"], meta["held_out_sequences"]) == (8, 4, 2)
-    assert (meta["run"]["arguments"]["sampled_prompts"], meta["run"]["arguments"]["sampled_temperature"]) == (4, 1.0)
+    assert meta["run"]["arguments"]["pools"] == [{"name": "sampled", **again, "count": 4}]
     corpus = recipe_corpus_dir(tmp_path / "work", fastest_precision("cpu"), 192)
     greedy = load_corpus(corpus, corpus_order(len(load_training_prompts()))[:6])  # by index: the last two held out
-    sampled = load_corpus(sampled_corpus_dir(corpus, 1.0))
+    sampled_dir = PoolSpec.from_dict("sampled", again).corpus_dir(corpus)
+    sampled = load_corpus(sampled_dir)
 
     def prompt(sample) -> list[int]:
         return sample.token_ids[~sample.loss_mask].tolist()
@@ -417,30 +433,30 @@ def test_the_recipe_samples_new_answers_to_the_sharegpt_training_prompts_only(re
     assert not {tuple(prompt(s)) for s in sampled} & {tuple(prompt(s)) for s in greedy[-2:]}
     greedy_answers = {tuple(prompt(s)): s.token_ids.tolist() for s in greedy}
     assert any(s.token_ids.tolist() != greedy_answers[tuple(prompt(s))] for s in sampled)
-    settings = json.loads((sampled_corpus_dir(corpus, 1.0) / "corpus.json").read_text(encoding="utf-8"))["settings"]
+    settings = json.loads((sampled_dir / "corpus.json").read_text(encoding="utf-8"))["settings"]
     assert settings["temperature"] == 1.0 and settings["num_prompts"] == 4
     (checkpoint,) = (tmp_path / "work").glob("checkpoint-*-after*")
     assert "-sampled4-t1-after" in checkpoint.name
-    with pytest.raises(ValueError, match="sampled_temperature must be positive"):
-        train_default_drafter(tmp_path / "other", steps=2, sampled_prompts=1, sampled_temperature=0.0, **toy)
-    with pytest.raises(ValueError, match="sampled_prompts=5, but its pool holds 4 prompts"):
-        train_default_drafter(tmp_path / "other", steps=2, sampled_prompts=5, **toy)
-    with pytest.raises(ValueError, match="sampled_answers is given but sampled_prompts is 0"):
-        train_default_drafter(tmp_path / "other", steps=2, sampled_answers=tmp_path / "any.npz", **toy)
+    for pools, message in [({"sampled": {**again, "temperature": 0.0, "count": 1}}, "temperature above 0"),
+                           ({"sampled": {**again, "count": 5}}, "asks for 5 prompts, but its source holds 4"),
+                           ({"code": {"source": "stdlib-code", "temperature": 0.7, "count": 1}}, "and only it")]:
+        with pytest.raises(ValueError, match=message):
+            train_default_drafter(tmp_path / "other", steps=2, pools=pools, **toy)
     with pytest.raises(ValueError, match="holds 6 samples, not more than the 6 held out"):
-        train_default_drafter(tmp_path / "other", steps=2, sampled_prompts=1, **{**toy, "held_out": 6})
+        train_default_drafter(tmp_path / "other", steps=2, pools={"sampled": {**again, "count": 1}},
+                              **{**toy, "held_out": 6})
 
 
 def test_the_recipe_answers_sharegpt_followups_and_drops_those_of_held_out_conversations(real_target, tmp_path,
                                                                                        monkeypatch):
-    """``followup_prompts`` answers that many later ShareGPT turns into a corpus of their own, each sequence
-    starting with its turn as the prompt; a turn from a held-out conversation is answered but does not train, and
-    the count dropped is recorded."""
+    """A ``sharegpt-followups`` pool answers that many later ShareGPT turns into a corpus of their own, each
+    sequence starting with its turn as the prompt; a turn from a held-out conversation is answered but does not
+    train, and the count dropped is recorded."""
     import dspark.train.pools
     from dspark.runtime.machine import fastest_precision
     from dspark.train.corpus import corpus_order, load_corpus
-    from dspark.train.pipeline import followup_corpus_dir, recipe_corpus_dir, train_default_drafter
-    from dspark.train.pools import load_followup_prompts
+    from dspark.train.pipeline import recipe_corpus_dir, train_default_drafter
+    from dspark.train.pools import PoolSpec, load_followup_prompts
 
     toy = toy_recipe(work_dir=tmp_path / "work", sequences_per_step=4, max_new_tokens=192)
     parent = train_default_drafter(tmp_path / "parent", steps=2, **toy)
@@ -453,12 +469,15 @@ def test_the_recipe_answers_sharegpt_followups_and_drops_those_of_held_out_conve
         return {first[1]}  # as if the second turn answered came from a held-out conversation
 
     monkeypatch.setattr(dspark.train.pools, "held_out_followups", held_out_followups)
-    child = train_default_drafter(tmp_path / "child", steps=2, continue_from=parent, followup_prompts=3, **toy)
+    later = {"source": "sharegpt-followups"}
+    child = train_default_drafter(tmp_path / "child", steps=2, continue_from=parent,
+                                  pools={"followup": {**later, "count": 3}}, **toy)
     meta = json.loads((child / "config.json").read_text(encoding="utf-8"))["metadata"]
     assert (meta["train_sequences"], meta["followup_sequences"], meta["followup_held_out_dropped"]) == (6, 2, 1)
-    assert meta["run"]["arguments"]["followup_prompts"] == 3
+    assert meta["run"]["arguments"]["pools"] == [{"name": "followup", **later, "count": 3}]
     assert len(held["prompts"]) == 2  # the ShareGPT openings the run holds out
-    corpus = followup_corpus_dir(recipe_corpus_dir(tmp_path / "work", fastest_precision("cpu"), 192))
+    corpus = PoolSpec.from_dict("followup", later).corpus_dir(
+        recipe_corpus_dir(tmp_path / "work", fastest_precision("cpu"), 192))
     answered = load_corpus(corpus)
     assert sorted(s.key for s in answered) == sorted(first)
     for sample in answered:
@@ -466,64 +485,54 @@ def test_the_recipe_answers_sharegpt_followups_and_drops_those_of_held_out_conve
         assert pool[sample.key] in prompt
     (checkpoint,) = (tmp_path / "work").glob("checkpoint-*-after*")
     assert "-followup3-after" in checkpoint.name
-    with pytest.raises(ValueError, match="followup_answers is given but followup_prompts is 0"):
-        train_default_drafter(tmp_path / "other", steps=2, followup_answers=tmp_path / "any.npz", **toy)
 
 
-def test_the_recipe_rebuilds_code_and_math_corpora_from_their_archives_without_answering(real_target, tmp_path):
-    """On a fresh cache, ``code_answers``, ``math_answers``, ``math2_answers``, ``math3_answers`` and
-    ``code2_answers`` rebuild the pools' corpora from archives: no prompt is answered again (the manifests keep the
-    archives' answering runs and add one rebuild), the samples hold the same tokens, and a continuation trains on
-    them as on the answered corpora. With ``features="lazy"`` nothing is rebuilt up front: the features on disk
-    afterwards are those the run read, computed as it read them."""
+def test_the_recipe_rebuilds_pool_corpora_from_their_archives_without_answering(real_target, tmp_path):
+    """On a fresh cache, each pool's answers archive rebuilds its corpus: no prompt is answered again (the
+    manifests keep the archives' answering runs and add one rebuild), the samples hold the same tokens, and a
+    continuation trains on them as on the answered corpora. With ``features="lazy"`` nothing is rebuilt up front:
+    the features on disk afterwards are those the run read, computed as it read them."""
     from dspark.runtime.machine import fastest_precision
     from dspark.train.corpus import load_corpus, save_answers
-    from dspark.train.pipeline import (
-        code2_corpus_dir,
-        code_corpus_dir,
-        math2_corpus_dir,
-        math3_corpus_dir,
-        math_corpus_dir,
-        recipe_corpus_dir,
-        train_default_drafter,
-    )
+    from dspark.train.pipeline import recipe_corpus_dir, train_default_drafter
+    from dspark.train.pools import PoolSpec
 
     toy = toy_recipe(sequences_per_step=4, max_new_tokens=192)
     parent = train_default_drafter(tmp_path / "parent", steps=2, work_dir=tmp_path / "answered", **toy)
-    pools = dict(code_prompts=2, math_prompts=3, math2_prompts=2, math3_prompts=2, code2_prompts=2)
+    counts = dict(code=2, math=3, math2=2, math3=2, code2=2)
     answered = train_default_drafter(tmp_path / "answered-child", steps=2, continue_from=parent,
-                                     work_dir=tmp_path / "answered", **pools, **toy)
+                                     work_dir=tmp_path / "answered", pools=counted(RECIPE_POOLS, **counts), **toy)
     precision = fastest_precision("cpu")
     corpus = recipe_corpus_dir(tmp_path / "answered", precision, 192)
-    archives = {f"{what}_answers": save_answers(directory(corpus), tmp_path / f"{what}.answers.npz")
-                for what, directory in (("code", code_corpus_dir), ("math", math_corpus_dir),
-                                        ("math2", math2_corpus_dir), ("math3", math3_corpus_dir),
-                                        ("code2", code2_corpus_dir))}
+
+    def pool_dir(name, sharegpt_corpus):
+        return PoolSpec.from_dict(name, RECIPE_POOLS[name]).corpus_dir(sharegpt_corpus)
+
+    archives = {name: str(save_answers(pool_dir(name, corpus), tmp_path / f"{name}.answers.npz")) for name in counts}
+    with_archives = counted(RECIPE_POOLS, archives, **counts)
     rebuilt = train_default_drafter(tmp_path / "rebuilt-child", steps=2, continue_from=parent,
-                                    work_dir=tmp_path / "fresh", **pools, **archives, **toy)
+                                    work_dir=tmp_path / "fresh", pools=with_archives, **toy)
     fresh = recipe_corpus_dir(tmp_path / "fresh", precision, 192)
-    for directory in (code_corpus_dir, math_corpus_dir, math2_corpus_dir, math3_corpus_dir, code2_corpus_dir):
-        before, after = (json.loads((directory(c) / "corpus.json").read_text(encoding="utf-8"))
+    for name in counts:
+        before, after = (json.loads((pool_dir(name, c) / "corpus.json").read_text(encoding="utf-8"))
                          for c in (corpus, fresh))
         assert after["runs"] == before["runs"] and len(after["rebuilds"]) == 1
-        assert [(s.key, s.token_ids.tolist(), s.loss_mask.tolist()) for s in load_corpus(directory(corpus))] == \
-            [(s.key, s.token_ids.tolist(), s.loss_mask.tolist()) for s in load_corpus(directory(fresh))]
+        assert [(s.key, s.token_ids.tolist(), s.loss_mask.tolist()) for s in load_corpus(pool_dir(name, corpus))] == \
+            [(s.key, s.token_ids.tolist(), s.loss_mask.tolist()) for s in load_corpus(pool_dir(name, fresh))]
     metas = [json.loads((d / "config.json").read_text(encoding="utf-8"))["metadata"] for d in (answered, rebuilt)]
-    added = ("code", "math", "math2", "math3", "code2")
-    assert [(*(m[f"{what}_sequences"] for what in added), m["train_answer_tokens"]) for m in metas] == \
+    assert [(*(m[f"{name}_sequences"] for name in counts), m["train_answer_tokens"]) for m in metas] == \
         [(2, 3, 2, 2, 2, metas[0]["train_answer_tokens"])] * 2
-    assert [metas[1]["run"]["arguments"][f"{what}_answers"] for what in added] == \
-        [f"{what}.answers.npz" for what in added]
+    assert [(pool["name"], pool["answers"]) for pool in metas[1]["run"]["arguments"]["pools"]] == \
+        [(name, f"{name}.answers.npz") for name in counts]
 
     lazy = train_default_drafter(tmp_path / "lazy-child", steps=2, continue_from=parent, work_dir=tmp_path / "lazy",
-                                 features="lazy", **pools, **archives, **toy)
+                                 features="lazy", pools=with_archives, **toy)
     meta = json.loads((lazy / "config.json").read_text(encoding="utf-8"))["metadata"]
-    assert [meta[f"{what}_sequences"] for what in added] == [2, 3, 2, 2, 2]
+    assert [meta[f"{name}_sequences"] for name in counts] == [2, 3, 2, 2, 2]
     assert meta["train_answer_tokens"] == metas[0]["train_answer_tokens"]
     assert meta["run"]["arguments"]["features"] == "lazy"
     corpora = [recipe_corpus_dir(tmp_path / "lazy", precision, 192)]
-    corpora += [directory(corpora[0]) for directory in (code_corpus_dir, math_corpus_dir, math2_corpus_dir,
-                                                        math3_corpus_dir, code2_corpus_dir)]
+    corpora += [pool_dir(name, corpora[0]) for name in counts]
     assert not any("rebuilds" in json.loads((c / "corpus.json").read_text(encoding="utf-8")) for c in corpora)
     on_disk = sum(len(list(c.glob("[0-9]*.safetensors"))) for c in corpora)
     # Two steps of four sequences and the two held-out ones at most, of the 6 + 11 samples.
