@@ -27,10 +27,14 @@ no second forward over the answers is needed.
   prompts, answering only those it lacks and leaving the features of those it holds unbuilt.
 * ``max_bytes`` bounds the cache on disk: regeneration stops, and says so, after the batch that reaches it;
   ``max_samples`` answers only a prefix of the shuffled order (a budget a later call can extend).
+* Under ``torch.distributed`` every rank answers (or rebuilds) every world-size-th sample still to do into the one
+  corpus, records its own run in ``corpus.json`` under a file lock, and :func:`answered_corpus` waits for all
+  ranks before reading: regeneration runs on every GPU of a job, each sample answered once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -42,6 +46,7 @@ from pathlib import Path
 import torch
 
 from dspark.io import atomic_write, atomic_write_text
+from dspark.train.distributed import barrier, rank, world_size
 from dspark.train.features import write_feature_file
 from dspark.train.samples import Sample
 
@@ -156,7 +161,9 @@ def build_corpus(target, prompts: list[str] | list[list[int]], directory: str | 
     ``max_samples`` of that order (a budget, so a later call may extend the corpus with the same settings);
     ``exclude`` leaves out prompt indices answered elsewhere (an archive's, which :func:`grow_answers` merges
     with this corpus). Resumable: samples already written are kept and skipped. Records its settings in
-    ``corpus.json`` and refuses to continue a corpus made with other settings or another prompt list.
+    ``corpus.json`` and refuses to continue a corpus made with other settings or another prompt list. Under
+    ``torch.distributed`` every rank calls it: each answers its share of what is left (the report is its own),
+    and rank 0 alone shows progress.
     """
     if batch_size < 1 or round_size < 1 or max_new_tokens < 1:
         raise ValueError("batch_size, round_size and max_new_tokens must be positive")
@@ -167,11 +174,13 @@ def build_corpus(target, prompts: list[str] | list[list[int]], directory: str | 
     manifest = _open_manifest(directory, _settings(target, prompts, max_new_tokens, seed, dtype, temperature))
     order = corpus_order(len(prompts), seed)[:max_samples]
     excluded = set(exclude)
-    todo = [i for i in order if i not in excluded and not sample_path(directory, i).exists()]
+    barrier()  # every rank deals out the same list: none may have started writing when another lists the disk
+    left = [i for i in order if i not in excluded and not sample_path(directory, i).exists()]
+    todo = left[rank()::world_size()]
     used = sum(p.stat().st_size for p in directory.glob("*.safetensors"))
-    report = CorpusReport(0, 0, 0.0, len(order) - len(todo), False)
+    report = CorpusReport(0, 0, 0.0, len(order) - len(left), False)
     bar = None
-    if progress:
+    if progress and rank() == 0:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=len(todo) * max_new_tokens // 2, desc="answering prompts", unit="tok", smoothing=0.05,
@@ -244,33 +253,46 @@ def _settings(target, prompts: list[str] | list[list[int]], max_new_tokens: int,
     return settings
 
 
+@contextlib.contextmanager
+def _manifest_lock(directory: Path):
+    """Serialise the read-modify-writes of ``corpus.json`` of processes that answer into one corpus (the ranks of
+    a job): each records its own runs, and none may drop another's."""
+    import fcntl
+
+    with open(directory / ".corpus.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when the process dies
+        yield
+
+
 def _open_manifest(directory: Path, settings: dict, record: dict | None = None) -> Path:
     """``directory/corpus.json``, created with ``settings`` and the rest of ``record`` (an archive's manifest: its
     answering runs and rebuilds), or checked against ``settings`` if it exists."""
     manifest = directory / "corpus.json"
-    if manifest.exists():
-        recorded = json.loads(manifest.read_text(encoding="utf-8"))
-        if recorded.get("settings") != settings:
-            raise ValueError(f"{directory} holds a corpus made with other settings ({recorded.get('settings')}); "
-                             "use another directory")
-    else:
-        created = {"runs": [], **(record or {}), "settings": settings}
-        atomic_write_text(manifest, json.dumps(created, indent=2) + "\n")
+    with _manifest_lock(directory):
+        if manifest.exists():
+            recorded = json.loads(manifest.read_text(encoding="utf-8"))
+            if recorded.get("settings") != settings:
+                raise ValueError(f"{directory} holds a corpus made with other settings ({recorded.get('settings')}); "
+                                 "use another directory")
+        else:
+            created = {"runs": [], **(record or {}), "settings": settings}
+            atomic_write_text(manifest, json.dumps(created, indent=2) + "\n")
     return manifest
 
 
 def _record_run(manifest: Path, index: int | None, report: CorpusReport, batch_size: int) -> int:
     """Write this run's entry into the manifest (appended the first time, replaced after); its index."""
-    recorded = json.loads(manifest.read_text(encoding="utf-8"))
     entry = {"samples_written": report.samples_written, "answer_tokens": report.answer_tokens,
              "seconds": round(report.seconds, 1), "batch_size": batch_size,
              "stopped_by_budget": report.stopped_by_budget}
-    if index is None:
-        recorded["runs"].append(entry)
-        index = len(recorded["runs"]) - 1
-    else:
-        recorded["runs"][index] = entry
-    atomic_write_text(manifest, json.dumps(recorded, indent=2) + "\n")
+    with _manifest_lock(manifest.parent):
+        recorded = json.loads(manifest.read_text(encoding="utf-8"))
+        if index is None:
+            recorded["runs"].append(entry)
+            index = len(recorded["runs"]) - 1
+        else:
+            recorded["runs"][index] = entry
+        atomic_write_text(manifest, json.dumps(recorded, indent=2) + "\n")
     return index
 
 
@@ -423,7 +445,7 @@ def rebuild_corpus(target, prompts: list[str] | list[list[int]], answers: str | 
     its features then differ from the answering target's by rounding, and the manifest records its dtype as
     ``features_target_dtype``. ``keys`` keeps only those prompt indices. Resumable: samples on disk are kept. The
     manifest keeps the answering runs' record and adds this rebuild to its ``rebuilds``. Returns the answer tokens
-    rebuilt and the time.
+    rebuilt and the time. Under ``torch.distributed`` this rank rebuilds its share, as :func:`build_corpus` answers.
     """
     if batch_size < 1:
         raise ValueError("batch_size must be positive")
@@ -431,13 +453,15 @@ def rebuild_corpus(target, prompts: list[str] | list[list[int]], answers: str | 
     stored, manifest = _open_archive(target, prompts, answers, directory, max_new_tokens=max_new_tokens, seed=seed,
                                      dtype=dtype, temperature=temperature)
     wanted = None if keys is None else set(keys)
+    barrier()  # as in build_corpus: every rank lists the disk before any writes
     todo = [i for i, key in enumerate(stored.keys)
             if (wanted is None or key in wanted) and not sample_path(directory, key).exists()]
     _check_prompts(target, prompts, stored, todo)
-    todo.sort(key=lambda i: len(stored.sequences[i]))
     report = CorpusReport(0, 0, 0.0, len(stored.keys) - len(todo), False)
+    # Sorted by length before it is dealt out, so every rank gets as many long sequences as the others.
+    todo = sorted(todo, key=lambda i: len(stored.sequences[i]))[rank()::world_size()]
     bar = None
-    if progress:
+    if progress and rank() == 0:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=sum(len(stored.sequences[i]) for i in todo), desc="rebuilding features", unit="tok",
@@ -467,11 +491,13 @@ def rebuild_corpus(target, prompts: list[str] | list[list[int]], answers: str | 
         bar.close()
     report.samples_total += report.samples_written
     if report.samples_written:
-        recorded = json.loads(manifest.read_text(encoding="utf-8"))
-        recorded.setdefault("rebuilds", []).append(
-            {"from": Path(answers).name, "samples_written": report.samples_written,
-             "answer_tokens": report.answer_tokens, "seconds": round(report.seconds, 1), "batch_size": batch_size})
-        atomic_write_text(manifest, json.dumps(recorded, indent=2) + "\n")
+        with _manifest_lock(directory):
+            recorded = json.loads(manifest.read_text(encoding="utf-8"))
+            recorded.setdefault("rebuilds", []).append(
+                {"from": Path(answers).name, "samples_written": report.samples_written,
+                 "answer_tokens": report.answer_tokens, "seconds": round(report.seconds, 1),
+                 "batch_size": batch_size})
+            atomic_write_text(manifest, json.dumps(recorded, indent=2) + "\n")
     return report
 
 
@@ -520,10 +546,12 @@ def answered_corpus(target, prompts: list[str] | list[list[int]], directory: str
     elif answers is not None:
         rebuild_corpus(target, prompts, answers, directory, max_new_tokens=max_new_tokens, keys=wanted,
                        temperature=temperature, progress=progress)
+        barrier()  # so that no rank answers what another is still rebuilding
     answered = [key for key in wanted if key not in kept]
     if not all(sample_path(directory, key).exists() for key in answered):
         build_corpus(target, prompts, directory, max_new_tokens=max_new_tokens, max_samples=count,
                      temperature=temperature, exclude=kept, progress=progress)
+    barrier()  # every rank's share is on disk before any rank reads the corpus
     samples = load_corpus(directory, answered) if answered else []
     if kept:
         samples = sorted(samples + stored.samples(kept), key=lambda sample: sample.key)

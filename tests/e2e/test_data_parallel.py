@@ -163,3 +163,28 @@ def test_a_killed_rank_restarts_from_the_last_checkpoint_or_stops_with_it_whole(
     assert state["step"] == 2
     assert checkpoint_tensors(tmp_path / "stopped").keys() == expected.keys()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary folder left
+
+
+def test_ranks_answer_and_rebuild_one_corpus_each_sample_once(tmp_path):
+    """Two ranks answering one corpus each answer half of it, and the corpus is the one a single process
+    answers, token for token; rebuilding it from its archive is shared the same way."""
+    from dspark.train.corpus import answered_corpus, load_corpus, save_answers
+    from tests.e2e.conftest import tiny_target
+    from tests.e2e.torchrun_corpus import MAX_NEW_TOKENS, corpus_prompts
+
+    alone = answered_corpus(tiny_target(vocab=48), corpus_prompts(), tmp_path / "alone",
+                            max_new_tokens=MAX_NEW_TOKENS, progress=False)
+    archive = save_answers(tmp_path / "alone", tmp_path / "alone.answers.npz")
+    script = ROOT / "tests" / "e2e" / "torchrun_corpus.py"
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script)]
+    for directory, extra in (("answered", []), ("rebuilt", [str(archive)])):
+        done = subprocess.run([*launcher, str(tmp_path / directory), *extra], capture_output=True, text=True,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        shared = load_corpus(tmp_path / directory)
+        assert [(s.key, s.token_ids.tolist(), s.loss_mask.tolist()) for s in shared] == \
+            [(s.key, s.token_ids.tolist(), s.loss_mask.tolist()) for s in alone], directory
+    manifest = json.loads((tmp_path / "answered" / "corpus.json").read_text(encoding="utf-8"))
+    assert sorted(run["samples_written"] for run in manifest["runs"]) == [5, 5]  # one run a rank, half each
+    manifest = json.loads((tmp_path / "rebuilt" / "corpus.json").read_text(encoding="utf-8"))
+    assert sorted(rebuild["samples_written"] for rebuild in manifest["rebuilds"]) == [5, 5]
