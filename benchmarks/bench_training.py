@@ -99,11 +99,11 @@ class OpCounter(TorchDispatchMode):
 
 def measure(variant: str, scale: str, device: str, steps: int, chunk_rows: int, draft_vocab: int,
             memory_run: bool, sequences: int | None = None, parallel: str = "auto", precision: str | None = None,
-            compiled: bool = False) -> dict:
+            compiled: str | None = None) -> dict:
     """One variant's step: seconds (median of ``steps`` timed steps after a warm-up) and peak memory; with
     ``sequences``, that many per step instead of the scale's, and the ATen ops of one more step (not when
-    ``compiled``: ``torch.compile``'s kernels are not ATen ops); with ``precision``, that precision instead of
-    the variant's."""
+    ``compiled``, ``"default"`` or ``"reduce-overhead"``: ``torch.compile``'s kernels are not ATen ops); with
+    ``precision``, that precision instead of the variant's."""
     from dspark import DSparkConfig, DSparkDrafter
     from dspark.runtime.machine import tune_cpu_allocator
     from dspark.train.config import TrainConfig
@@ -137,7 +137,9 @@ def measure(variant: str, scale: str, device: str, steps: int, chunk_rows: int, 
     source = SyntheticFeatures(s["seq_len"], len(taps), s["hidden"], len(samples))
     backend = "triton" if variant == "fused" else "torch"
     # Only when asked: a checkout from before the engines were an option has no such setting.
-    engine = ({} if parallel == "auto" else {"parallel": parallel}) | ({"compile": True} if compiled else {})
+    engine = {} if parallel == "auto" else {"parallel": parallel}
+    if compiled:
+        engine["compile"] = True if compiled == "default" else compiled
     train_config = TrainConfig(steps=steps + 3, num_anchors=s["anchors"], sequences_per_step=s["sequences"],
                                eval_every=0, loss_backend=backend, **engine,
                                precision=precision
@@ -198,6 +200,8 @@ def batching_study(args) -> None:
     # The step under torch.compile at the recipe's batch (compiled once in the warm-up step: every synthetic
     # sequence has the same length, so one length bucket).
     runs[("batched-compiled", 4, "none")] = child + ["--child-sequences", "4", "--compile"]
+    if args.device == "cuda":  # and captured into CUDA graphs, one replay a step
+        runs[("batched-cuda-graphs", 4, "none")] = child + ["--child-sequences", "4", "--compile", "reduce-overhead"]
     for engine in ("ddp", "fsdp") if args.device == "cpu" else ():
         # One process of 2 threads against 2 processes of 1 thread each (torchrun's default) on the same cores.
         runs[("batched", args.rank_sequences, engine)] = [
@@ -258,7 +262,8 @@ def main() -> None:
     parser.add_argument("--child-sequences", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--parallel", default="auto", help=argparse.SUPPRESS)
     parser.add_argument("--precision", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--compile", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--compile", nargs="?", const="default", choices=["default", "reduce-overhead"],
+                        default=None, help=argparse.SUPPRESS)
     parser.add_argument("--repeats", type=int, default=3, help="speed runs per variant, interleaved (median kept)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()

@@ -12,7 +12,8 @@
 #   5. training-step tokens/s and memory: the CPU recipe's step (bf16, reduced vocabulary) against the
 #      plain and fused loss, then plain vs fused at paper scale
 #   0. first, the batched training step at the recipe shape: ATen ops and slots/s at 1, 4 and 16
-#      sequences per step (against the committed training_cuda_recipe.json's 96 ms step)
+#      sequences per step, eager, compiled and compiled into CUDA graphs (TrainConfig(compile="reduce-overhead")),
+#      against the committed training_cuda_recipe.json's 96 ms step
 # SKIP names stages to leave out (a lease is short: skip what an earlier run already measured at the same
 # code): training-step, sps, paper-checks, kernel-tests, kernel-benchmark, round-cost, training-recipe, training-paper. The
 # compile matrix needs no GPU: run benchmarks/compile_matrix.py on a CPU under each Triton version.
@@ -57,7 +58,7 @@ stage() {  # stage ID NAME SECONDS COMMAND...
   log "$name exit $rc"
   [ "$rc" -eq 0 ] || status=1
 }
-stage training-step "batched training step" 90 python benchmarks/bench_training.py --study batching --device cuda \
+stage training-step "batched training step" 150 python benchmarks/bench_training.py --study batching --device cuda \
   --steps 10 --repeats 1 --out "$OUT"
 stage sps "SPS profile" 90 python benchmarks/bench_sps.py --device cuda --out "$OUT"
 # The paper-scale checks first: the hypothesis suite after them is the one a timeout may cut short. On a fresh

@@ -43,9 +43,11 @@ class TrainConfig:
     first (0 turns either off), so a killed run loses at most that much; under ``torch.distributed`` rank 0's
     clock decides for every rank.
 
-    ``compile``: run the step's forward, loss and backward through ``torch.compile`` (the eager step is the
-    reference it is tested against). Contexts are then padded to a multiple of :data:`COMPILED_LENGTH_BUCKET`
-    rows, so that a few shapes repeat instead of one compilation per sequence length.
+    ``compile``: ``True`` runs the step's forward, loss and backward through ``torch.compile`` (the eager step is
+    the reference it is tested against); ``"reduce-overhead"`` also has inductor capture them into CUDA graphs,
+    one replay a step instead of a launch a kernel, for each shape it meets (on a CPU it is ``True``). Contexts
+    are then padded to a multiple of :data:`COMPILED_LENGTH_BUCKET` rows, so that a few shapes repeat instead of
+    one compilation (and one graph) per sequence length.
     """
 
     steps: int = 200
@@ -69,7 +71,7 @@ class TrainConfig:
     dropout: float = 0.0
     step_offset: int = 0
     parallel: str = "auto"
-    compile: bool = False
+    compile: bool | str = False
 
     def __post_init__(self):
         if self.objective not in ("dspark", "dflash", "eagle3"):
@@ -96,6 +98,8 @@ class TrainConfig:
             raise ValueError(f"precision must be 'auto', 'fp32' or 'bf16', got {self.precision!r}")
         if self.parallel not in PARALLEL:
             raise ValueError(f"parallel must be one of {', '.join(PARALLEL)}, got {self.parallel!r}")
+        if self.compile not in (False, True, "reduce-overhead"):
+            raise ValueError(f"compile must be False, True or 'reduce-overhead', got {self.compile!r}")
 
     def loss_weights(self) -> dict:
         if self.objective in ("dflash", "eagle3"):

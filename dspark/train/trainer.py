@@ -101,7 +101,8 @@ class Trainer:
         self.module = wrap_for_data_parallel(self.loss_class(self.drafter, target_lm_head, self.config,
                                                              self.low_precision), self.parallel, self.device)
         if self.config.compile:
-            self.module.compile()  # in place: parameter names, and so checkpoints, stay those of the eager module
+            # In place: parameter names, and so checkpoints, stay those of the eager module.
+            self.module.compile(mode="reduce-overhead" if self.config.compile == "reduce-overhead" else None)
         params = [p for p in self.module.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=self.config.lr, weight_decay=self.config.weight_decay,
                                            betas=(0.9, 0.95))
