@@ -207,6 +207,25 @@ def test_requests_that_join_a_running_batch_keep_caches_equal_to_a_fresh_prefill
     _assert_caches_equal_a_fresh_prefill(target, drafter, decoder)
 
 
+def test_a_running_batch_keeps_only_the_cache_slots_its_requests_hold():
+    """Requests that leave a running batch take their cache slots with them: over 30 requests through 2 places the
+    target's cache never holds more slots than two requests' text and one verify pass (before, it held every slot
+    the batch had fed, growing with the requests served), and the tokens are those each request gets alone."""
+    target = tiny_target(vocab=16)
+    config = SamplingConfig(max_new_tokens=12, temperature=0.0)
+    prompts = PROMPTS * 6
+    decoder = SpeculativeDecoder(target, drafter_for(target), config)
+    decoder.start(prompts, max_batch=2)
+    widths = []
+    while not decoder.finished:
+        decoder.step()
+        if decoder.state is not None and len(decoder.active):
+            widths.append(decoder.state.valid.shape[1])
+    gamma = decoder.drafter.config.block_size
+    assert max(widths) <= 2 * (max(map(len, prompts)) + config.max_new_tokens + gamma + 1), max(widths)
+    assert decoder.out == [generate(target, [p], config).tokens[0] for p in prompts]
+
+
 @pytest.mark.parametrize("max_batch", [0, -1, 1.5, True, "2"])
 def test_decoders_refuse_a_batch_limit_that_is_not_a_positive_int(max_batch):
     target = tiny_target()
