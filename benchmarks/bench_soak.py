@@ -1,12 +1,12 @@
 """Soak: continuous-batching decoding of hundreds of prompts, plain and speculative, with memory sampled through
 the run.
 
-Writes ``soak_cpu_<allocator>.json``: prompts, whether every prompt's speculative output equals its plain one
-(greedy), and per mode two memory series with their least-squares slopes over the run after its first tenth
-(warm-up: caches and allocator pools fill) and their growth: the resident set (what the system sees) and the
-bytes glibc's malloc has handed out and not had back (``mallinfo2``: what live objects hold). A decoder that
-leaks (caches of finished requests kept, statistics tensors growing) grows both; an allocator that keeps
-freed memory, or fragments it, grows the first alone.
+Writes ``soak_cpu.json`` (``soak_cpu_tuned.json`` with ``--allocator tuned``): prompts, whether every prompt's
+speculative output equals its plain one (greedy), and per mode two memory series with their least-squares slopes
+over the run after its first tenth (warm-up: caches and allocator pools fill) and their growth: the resident set
+(what the system sees) and the bytes glibc's malloc has handed out and not had back (``mallinfo2``: what live
+objects hold). A decoder that leaks (caches of finished requests kept, statistics tensors growing) grows both;
+an allocator that keeps freed memory, or fragments it, grows the first alone.
 
 ``--allocator default`` decodes with glibc's own settings, as the demo and the decoding API do;
 ``--allocator tuned`` with :func:`dspark.runtime.machine.tune_cpu_allocator`'s (no mmap, trim threshold 2 GiB),
@@ -145,7 +145,7 @@ def main() -> None:
     modes["DSpark + Algorithm 1"] = {**spec_memory.summary(), "tokens_per_s": round(spec.tokens_per_second, 2),
                                      "tau": round(spec.stats.tau, 3)}
     identical = [a == b for a, b in zip(plain.tokens, spec.tokens)]
-    path = write_result(f"soak_cpu_{args.allocator}", {
+    path = write_result("soak_cpu" if args.allocator == "default" else f"soak_cpu_{args.allocator}", {
         "allocator": args.allocator, "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
         "max_batch": args.max_batch, "threads": torch.get_num_threads(), "warm_up_fraction": WARM_UP_FRACTION,
         "identical_outputs": all(identical), "identical_prompts": sum(identical), "modes": modes}, args.out)
