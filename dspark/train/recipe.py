@@ -89,12 +89,15 @@ def load_recipe(path: str | os.PathLike, arm: str | None = None) -> list[dict]:
             raise ValueError(f"{path}: phase {index} sets {sorted(unknown)}; a phase sets only "
                              f"{', '.join(sorted(PHASE_SETTINGS))}")
         settings = dict(shared) | {k: v for k, v in phase.items() if k != "pools"} | overrides
-        settings["pools"] = {}
-        for pool, count in phase.get("pools", {}).items():
-            if pool not in pools:
-                raise ValueError(f"{path}: phase {index} draws on pool {pool!r}, which the recipe's pools do not list")
-            settings["pools"][pool] = {**pools[pool], "count": count}
-            PoolSpec.from_dict(pool, settings["pools"][pool])  # a count it cannot take is refused before training
+        counts = phase.get("pools", {})
+        unlisted = sorted(set(counts) - set(pools))
+        if unlisted:
+            raise ValueError(f"{path}: phase {index} draws on pools {unlisted}, which the recipe's pools do not list")
+        # In the order the recipe lists its pools, whichever order a phase names them in: the order in which
+        # pools join a run's data decides its shuffle.
+        settings["pools"] = {name: {**pools[name], "count": counts[name]} for name in pools if name in counts}
+        for name, pool in settings["pools"].items():
+            PoolSpec.from_dict(name, pool)  # a count it cannot take is refused before training
         expanded.append(settings)
     return expanded
 
