@@ -1,5 +1,6 @@
 """What goes wrong around a run: truncated and corrupt files, a config that does not fit its weights, a model
-directory without a tokenizer, two processes converting one target, a writer killed between two renames."""
+directory without a tokenizer, two processes converting one target or answering into one feature cache, a writer
+killed between two renames."""
 
 import json
 import multiprocessing
@@ -89,6 +90,39 @@ def test_two_processes_converting_one_target_convert_once(tmp_path):
     assert [worker.exitcode for worker in workers] == [0, 0]
     assert len(log.read_text().split()) == 1, "converted twice"
     assert (directory / "model.safetensors").read_bytes() == b"x" * 1000
+
+
+def _answer_into(directory):
+    """One of two processes answering the same prompts into the same feature cache at once."""
+    from dspark.train.corpus import build_corpus
+    from tests.e2e.torchrun_corpus import MAX_NEW_TOKENS, corpus_prompts
+
+    torch.set_num_threads(1)
+    build_corpus(tiny_target(vocab=48), corpus_prompts(), directory, max_new_tokens=MAX_NEW_TOKENS, batch_size=2,
+                 progress=False)
+
+
+def test_two_processes_answering_into_one_feature_cache_both_finish_and_leave_it_whole(tmp_path):
+    """Each sample is written by an atomic rename and each run's record under a file lock: whichever process
+    writes a sample last, the cache holds every sample whole, equal to one process's, and both runs' records."""
+    from dspark.train.corpus import build_corpus, load_corpus
+    from tests.e2e.torchrun_corpus import MAX_NEW_TOKENS, corpus_prompts
+
+    context = multiprocessing.get_context("spawn")
+    workers = [context.Process(target=_answer_into, args=(str(tmp_path / "shared"),)) for _ in range(2)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(300)
+    assert [worker.exitcode for worker in workers] == [0, 0]
+    build_corpus(tiny_target(vocab=48), corpus_prompts(), tmp_path / "alone", max_new_tokens=MAX_NEW_TOKENS,
+                 progress=False)
+    assert [(s.key, s.token_ids.tolist(), s.loss_mask.tolist()) for s in load_corpus(tmp_path / "shared")] == \
+        [(s.key, s.token_ids.tolist(), s.loss_mask.tolist()) for s in load_corpus(tmp_path / "alone")]
+    runs = json.loads((tmp_path / "shared" / "corpus.json").read_text(encoding="utf-8"))["runs"]
+    # A process that found every sample on disk records no run; one that raced the other records its own.
+    assert 1 <= len(runs) <= 2 and sum(run["samples_written"] for run in runs) >= len(corpus_prompts())
+    assert not list((tmp_path / "shared").glob(".*.tmp*")), "a temporary file was left behind"
 
 
 def test_a_writer_killed_between_the_two_renames_loses_nothing(saved):
