@@ -6,7 +6,8 @@ its optimiser state; gradients are all-reduced in buckets, overlapped with backw
 parameters gathered for the forward and backward; frozen ones replicated) or ``none`` (one process).
 ``auto`` is ``ddp`` under ``torch.distributed`` with more than one rank, else ``none``. Checkpoints are
 written whole (gathered to rank 0 through ``torch.distributed.checkpoint.state_dict``), so every engine
-reads what any other wrote.
+reads what any other wrote. :func:`init_from_torchrun` joins a ``torchrun`` job's process group, restarts
+included.
 """
 
 from __future__ import annotations
@@ -48,18 +49,18 @@ def init_from_torchrun(backend: str | None = None) -> None:
     if missing:
         raise ValueError(f"not launched by torchrun: {', '.join(missing)} unset")
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    me, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     timeout = datetime.timedelta(minutes=10)
     # torchrun's agent hosts the store when it says so; otherwise rank 0 does, as env:// would have it.
     hosted_by_agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     store = torch.distributed.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
-                                       is_master=rank == 0 and not hosted_by_agent, timeout=timeout)
+                                       is_master=me == 0 and not hosted_by_agent, timeout=timeout)
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     torch.distributed.init_process_group(backend, store=torch.distributed.PrefixStore(f"dspark/attempt{attempt}",
                                                                                       store),
-                                         rank=rank, world_size=world, timeout=timeout)
+                                         rank=me, world_size=world, timeout=timeout)
 
 
 def resolve_parallel(parallel: str, sequences_per_step: int) -> str:
