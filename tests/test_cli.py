@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 import dspark.train.pipeline
+from benchmarks.bench_generalization import EARLIER_POOLS
 from dspark.train.pools import PoolSpec
 from dspark.train.recipe import load_recipe, phase_directories, recipe_pool, run_recipe
 
@@ -137,17 +138,12 @@ def test_the_recipe_is_the_schedule_that_trained_the_committed_drafters(arm, dra
         assert {k.removesuffix("_prompts"): v for k, v in run.items() if k.endswith("_prompts") and v} == \
             {name: pool["count"] for name, pool in pools.items()}, f"phase {index}"
         for name, pool in pools.items():
-            assert {k: v for k, v in pool.items() if k in ("source", "series")} == EARLIER_SOURCES[name], name
+            assert {k: v for k, v in pool.items() if k in ("source", "series")} == EARLIER_POOLS[name], name
             # The first runs on a pool answered its prompts themselves; the archive was saved from their corpus
             # afterwards, so a rerun rebuilds the same answers from it instead of answering again.
             if run.get(f"{name}_answers") is not None:
                 assert Path(pool["answers"]).name == run[f"{name}_answers"], f"phase {index}, pool {name}"
 
-
-# The source each pool name meant before pools were data (dspark.train.pipeline at 886b7fd).
-EARLIER_SOURCES = {"code": {"source": "stdlib-code"}, "math": {"source": "word-problems"},
-                   "math2": {"source": "word-problems", "series": 2}, "math3": {"source": "word-problems", "series": 3},
-                   "code2": {"source": "stdlib-code", "series": 2}}
 
 
 @pytest.mark.parametrize(("pool", "count", "precision", "message"), [
