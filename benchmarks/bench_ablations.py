@@ -69,7 +69,8 @@ STUDIES = {
 
 def select(sequences: int, held_out: int) -> dict:
     """Prompt keys of the ``sequences`` shortest answered sequences, in corpus order, split train / held out."""
-    from dspark.train.corpus import corpus_order, load_answers
+    from dspark.train.answers import load_answers
+    from dspark.train.corpus import corpus_order
 
     answers = load_answers(_archive())
     shortest = sorted(range(len(answers.keys)), key=lambda i: len(answers.sequences[i]))[:sequences]
@@ -99,7 +100,7 @@ def _corpus_dir(precision: str) -> Path:
 
 def rebuild(keys: list[int], precision: str) -> None:
     from dspark.runtime.target import load_default_target
-    from dspark.train.corpus import rebuild_corpus
+    from dspark.train.answers import rebuild_corpus
 
     target = load_default_target(dtype=torch.bfloat16 if precision == "bf16" else torch.float32)
     rebuild_corpus(target, _prompts(), _archive(), _corpus_dir(precision), max_new_tokens=192, keys=keys,

@@ -82,7 +82,8 @@ def lazy_against_rebuild(target, prompts: list[str], args) -> dict:
     against computing each on first read, ``args.repeats`` interleaved pairs, and how far the two disagree."""
     import time
 
-    from dspark.train.corpus import corpus_order, load_answers, rebuild_corpus
+    from dspark.train.answers import load_answers, rebuild_corpus
+    from dspark.train.corpus import corpus_order
     from dspark.train.features import OfflineFeatures
 
     archive = Path(__file__).resolve().parent / "recipes" / "smollm2_drafter.answers.npz"
@@ -143,7 +144,8 @@ def main(argv=None) -> int:
     if args.group < 1:
         raise SystemExit("--group must be positive")
     from dspark.runtime.target import load_default_target
-    from dspark.train.corpus import build_corpus, rebuild_corpus, save_answers
+    from dspark.train.answers import rebuild_corpus, save_answers
+    from dspark.train.corpus import build_corpus
     from dspark.train.pools import load_training_prompts
 
     prompts = load_training_prompts()

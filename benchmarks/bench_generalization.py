@@ -32,8 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.environment import write_result  # noqa: E402
 from dspark.files.checkpoint import load_drafter, read_checkpoint_config, shipped_drafter_dir  # noqa: E402
 from dspark.runtime.target import load_default_target  # noqa: E402
+from dspark.train.answers import load_answers  # noqa: E402
 from dspark.train.config import TrainConfig  # noqa: E402
-from dspark.train.corpus import corpus_order, load_answers, load_corpus, sample_path  # noqa: E402
+from dspark.train.corpus import corpus_order, load_corpus, sample_path  # noqa: E402
 from dspark.train.features import OfflineFeatures  # noqa: E402
 from dspark.train.pipeline import recipe_sharegpt_split  # noqa: E402
 from dspark.train.pools import PoolSpec, load_training_prompts  # noqa: E402

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from dspark.runtime.prompts import load_prompts
-from dspark.train.corpus import _digest, load_answers
+from dspark.train.answers import load_answers
+from dspark.train.corpus import _digest
 from dspark.train.pools import freeze_code_prompts, load_code_prompts
 from dspark.train.word_problems import load_math_prompts
 

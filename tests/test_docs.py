@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import paper.build as builder
-from dspark.train.corpus import load_answers
+from dspark.train.answers import load_answers
 from paper import common
 
 ROOT = Path(__file__).resolve().parents[1]

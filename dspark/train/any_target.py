@@ -106,8 +106,8 @@ def train_for_target(target_path: str | os.PathLike, prompts: str | os.PathLike,
     from dspark.files.checkpoint import save_drafter
     from dspark.runtime.machine import resolve_precision
     from dspark.runtime.target import load_target
+    from dspark.train.answers import answered_corpus
     from dspark.train.config import TrainConfig
-    from dspark.train.corpus import answered_corpus
     from dspark.train.features import OfflineFeatures
     from dspark.train.trainer import Trainer, calibrate_on_samples, source_commit
     from dspark.vocab import build_draft_vocab, token_counts

@@ -121,7 +121,7 @@ class OfflineFeatures(FeatureSource):
     Given a ``target``, a sample whose file is missing has its features computed by it when first read, stored
     in ``dtype`` and read back, so they are the same whether computed now or by an earlier run: a run over a large
     corpus pays the target's forward only for the samples it reads. :meth:`prefetch` computes a step's missing
-    samples in one padded forward, as :func:`dspark.train.corpus.rebuild_corpus` computes a batch (a step of four costs
+    samples in one padded forward, as :func:`dspark.train.answers.rebuild_corpus` computes a batch (a step of four costs
     per token what the rebuild's batches of 32 do: ``benchmarks/bench_corpus.py --lazy``). ``built`` and
     ``build_seconds`` count that work.
     """

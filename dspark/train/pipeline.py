@@ -54,8 +54,8 @@ def pool_specs(pools: dict[str, dict] | None) -> list[PoolSpec]:
 def _pool_samples(answering, spec: PoolSpec, prompts: list[str], directory: Path, key_offset: int, *,
                   max_new_tokens: int, progress: bool, lazy_features: bool) -> list[Sample]:
     """The first ``spec.count`` of the pool's ``prompts`` answered into ``directory``
-    (:func:`dspark.train.corpus.answered_corpus`), keyed from ``key_offset``."""
-    from dspark.train.corpus import answered_corpus
+    (:func:`dspark.train.answers.answered_corpus`), keyed from ``key_offset``."""
+    from dspark.train.answers import answered_corpus
 
     if spec.count > len(prompts):
         raise ValueError(f"pool {spec.name!r} asks for {spec.count} prompts, but its source holds {len(prompts)}")
@@ -69,7 +69,7 @@ def _pool_samples(answering, spec: PoolSpec, prompts: list[str], directory: Path
 def answer_pool(pool: PoolSpec, count: int, archive: str | os.PathLike, *, precision: str | None = None,
                 max_new_tokens: int = 192, work_dir: str | os.PathLike | None = None, progress: bool = True) -> dict:
     """Grow the answers archive of the extra prompt pool ``pool`` to its first ``count`` prompts with the default
-    target, without training (:func:`dspark.train.corpus.grow_answers`).
+    target, without training (:func:`dspark.train.answers.grow_answers`).
 
     The new answers' corpus is written where :func:`train_default_drafter` looks for it under ``work_dir``, so a
     run that names the grown archive (the pool's ``count`` up to ``count``) finds their features on disk and
@@ -81,7 +81,7 @@ def answer_pool(pool: PoolSpec, count: int, archive: str | os.PathLike, *, preci
     records each answering run's tokens/s).
     """
     from dspark.runtime.target import cache_root, load_default_target
-    from dspark.train.corpus import grow_answers, load_answers
+    from dspark.train.answers import grow_answers, load_answers
 
     if pool.source == "sharegpt-resampled":
         raise ValueError(f"pool {pool.name!r} answers a run's ShareGPT training prompts again, which the run's "
@@ -131,8 +131,8 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
        while it answers (:func:`dspark.train.corpus.build_corpus`). ``corpus_samples``
        keeps the first that many prompts of the corpus's shuffled order (a time budget that any later run
        can extend). Cached under ``work_dir`` (default ``$DSPARK_CACHE/training``), shared by every objective.
-       With ``answers`` (an archive :func:`dspark.train.corpus.save_answers` wrote from this corpus), the answers it
-       holds are not generated again: their features are rebuilt from it (:func:`dspark.train.corpus.rebuild_corpus`,
+       With ``answers`` (an archive :func:`dspark.train.answers.save_answers` wrote from this corpus), the answers it
+       holds are not generated again: their features are rebuilt from it (:func:`dspark.train.answers.rebuild_corpus`,
        by the target in ``precision`` whatever dtype answered), and only prompts it lacks are answered.
        ``pools`` adds extra prompt pools (``{name: {"source": ..., "count": n, ...}}``, a
        :class:`dspark.train.pools.PoolSpec` each: standard-library code, word problems, ShareGPT's later turns,
@@ -189,7 +189,7 @@ def train_default_drafter(output_dir: str | os.PathLike, *, objective: str = "ds
     """
     from dspark.files.checkpoint import save_drafter
     from dspark.runtime.target import cache_root, load_default_target
-    from dspark.train.corpus import answered_corpus
+    from dspark.train.answers import answered_corpus
     from dspark.train.pools import load_training_prompts
 
     clock: dict[str, float] = {}
@@ -384,7 +384,8 @@ def recipe_sharegpt_split(arguments: dict, precision: str, work_dir: str | os.Pa
     lacks some (a run with ``features="lazy"`` stores only the features it read; :class:`OfflineFeatures` given a
     target computes the others). Raises ``ValueError`` when neither holds them."""
     from dspark.runtime.target import cache_root
-    from dspark.train.corpus import corpus_order, load_answers, load_corpus, sample_path
+    from dspark.train.answers import load_answers
+    from dspark.train.corpus import corpus_order, load_corpus, sample_path
     from dspark.train.pools import load_training_prompts
 
     work = Path(work_dir) if work_dir else cache_root() / "training"

@@ -357,7 +357,7 @@ class PoolSpec:
     * ``sharegpt-resampled``: the run's ShareGPT training prompts answered again, sampled at ``temperature``;
     * ``file``: the prompts of a file (:func:`read_prompts`: single-turn ones) at ``path``.
 
-    ``answers`` is the pool's answers archive (:func:`dspark.train.corpus.save_answers`), read as the ShareGPT
+    ``answers`` is the pool's answers archive (:func:`dspark.train.answers.save_answers`), read as the ShareGPT
     one is. Each pool's corpus is cached beside the ShareGPT one (:meth:`corpus_dir`).
     """
 

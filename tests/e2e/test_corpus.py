@@ -130,7 +130,7 @@ def test_a_corpus_rebuilt_from_its_answers_equals_the_answered_one(tmp_path):
     first test)."""
     import json
 
-    from dspark.train.corpus import load_answers, rebuild_corpus, save_answers
+    from dspark.train.answers import load_answers, rebuild_corpus, save_answers
 
     target = tiny_target(vocab=48)
     prompts = _prompts(target, count=7)
@@ -166,7 +166,7 @@ def test_a_rebuild_may_take_features_from_the_target_in_another_dtype(tmp_path):
     features agree to fp32 rounding (the tolerance of the first test)."""
     import json
 
-    from dspark.train.corpus import rebuild_corpus, save_answers
+    from dspark.train.answers import rebuild_corpus, save_answers
 
     answering = tiny_target(vocab=48)
     answering.model.to(torch.float64)
@@ -193,7 +193,7 @@ def test_a_rebuild_may_take_features_from_the_target_in_another_dtype(tmp_path):
 def test_a_rebuild_refuses_other_prompts_or_a_damaged_archive(tmp_path):
     import numpy as np
 
-    from dspark.train.corpus import load_answers, rebuild_corpus, save_answers
+    from dspark.train.answers import load_answers, rebuild_corpus, save_answers
 
     target = tiny_target(vocab=48)
     prompts = _prompts(target, count=4)
@@ -279,7 +279,8 @@ def test_a_sampled_corpus_records_its_temperature_and_rebuilds_from_its_answers(
     a sampled one does, so neither continues the other, and its archive rebuilds only with the same temperature."""
     import json
 
-    from dspark.train.corpus import rebuild_corpus, sampling_seed, save_answers
+    from dspark.train.answers import rebuild_corpus, save_answers
+    from dspark.train.corpus import sampling_seed
 
     target = tiny_target(vocab=48)
     prompts = _prompts(target, count=5)
@@ -315,7 +316,8 @@ def test_an_archive_grows_by_answering_only_the_prompts_it_lacks(tmp_path):
     all of them at once gives; a training run on that directory then rebuilds only the features it lacks."""
     import json
 
-    from dspark.train.corpus import answered_corpus, corpus_order, grow_answers, sample_path
+    from dspark.train.answers import answered_corpus, grow_answers
+    from dspark.train.corpus import corpus_order, sample_path
 
     target = tiny_target(vocab=48)
     prompts = _prompts(target, count=7)
@@ -361,7 +363,8 @@ def test_lazy_features_are_computed_when_first_read_and_equal_a_rebuilds(tmp_pat
     stored in bf16: the fp32 difference can tip a value to the neighbouring bf16, at most 2⁻⁷ of it)."""
     import json
 
-    from dspark.train.corpus import answered_corpus, corpus_order, grow_answers
+    from dspark.train.answers import answered_corpus, grow_answers
+    from dspark.train.corpus import corpus_order
 
     target = tiny_target(vocab=48)
     prompts = _prompts(target, count=7)

@@ -172,7 +172,8 @@ def test_a_killed_rank_restarts_from_the_last_checkpoint_or_stops_with_it_whole(
 def test_ranks_answer_and_rebuild_one_corpus_each_sample_once(tmp_path):
     """Two ranks answering one corpus each answer half of it, and the corpus is the one a single process
     answers, token for token; rebuilding it from its archive is shared the same way."""
-    from dspark.train.corpus import answered_corpus, load_corpus, save_answers
+    from dspark.train.answers import answered_corpus, save_answers
+    from dspark.train.corpus import load_corpus
     from tests.e2e.conftest import tiny_target
     from tests.e2e.torchrun_corpus import MAX_NEW_TOKENS, corpus_prompts
 

@@ -493,7 +493,8 @@ def test_the_recipe_rebuilds_pool_corpora_from_their_archives_without_answering(
     continuation trains on them as on the answered corpora. With ``features="lazy"`` nothing is rebuilt up front:
     the features on disk afterwards are those the run read, computed as it read them."""
     from dspark.runtime.machine import fastest_precision
-    from dspark.train.corpus import load_corpus, save_answers
+    from dspark.train.answers import save_answers
+    from dspark.train.corpus import load_corpus
     from dspark.train.pipeline import recipe_corpus_dir, train_default_drafter
     from dspark.train.pools import PoolSpec
 

@@ -13,7 +13,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from dspark.train.corpus import answered_corpus  # noqa: E402
+from dspark.train.answers import answered_corpus  # noqa: E402
 from dspark.train.distributed import init_from_torchrun  # noqa: E402
 from tests.e2e.conftest import tiny_target  # noqa: E402
 
