@@ -53,6 +53,41 @@ class SamplingConfig:
             raise ValueError(f"eos_token_id must be a non-negative int or None, got {self.eos_token_id!r}")
 
 
+@dataclass(frozen=True)
+class RequestTiming:
+    """When one request arrived, had its first token and had its last, in seconds since decoding began.
+
+    A request arrives when the decoder starts admitting it: at the start for those that fit in the first batch, and
+    under continuous batching (``max_batch``) when a finished request's place comes free, as the next request of a
+    closed-loop client would. Requests admitted together are prefilled one after another, so a request's time to
+    first token includes the prefills queued before its own.
+    """
+
+    arrived: float
+    first_token: float
+    finished: float
+
+    @property
+    def time_to_first_token(self) -> float:
+        return self.first_token - self.arrived
+
+
+class _RequestClock:
+    """Collects :class:`RequestTiming` per request as a decode admits, starts and finishes them."""
+
+    def __init__(self, num_requests: int, start: float):
+        self.start = start
+        self.marks = {name: [float("nan")] * num_requests for name in ("arrived", "first_token", "finished")}
+
+    def mark(self, name: str, rows) -> None:
+        now = time.perf_counter() - self.start
+        for row in rows:
+            self.marks[name][int(row)] = now
+
+    def timings(self) -> list[RequestTiming]:
+        return [RequestTiming(*values) for values in zip(*self.marks.values())]
+
+
 @dataclass
 class GenerationResult:
     """Generated token ids per request (prompt excluded), acceptance statistics and where the time went.
@@ -66,7 +101,8 @@ class GenerationResult:
     not have sent any draft, so the drafter was not run and the round was a plain target step.
     ``request_rounds[i]`` counts the speculative rounds request ``i`` took part in; every token of it but the
     first (sampled after the prefill) was committed by one of them, so :attr:`request_tau` is its own τ, the
-    unit that comparisons paired over the same prompts resample.
+    unit that comparisons paired over the same prompts resample. ``request_timings[i]`` says when request ``i``
+    arrived, had its first token and finished (:class:`RequestTiming`).
     """
 
     tokens: list[list[int]]
@@ -76,6 +112,7 @@ class GenerationResult:
     steps: int = 0
     rounds_without_drafts: int = 0
     request_rounds: list[int] = field(default_factory=list)
+    request_timings: list[RequestTiming] = field(default_factory=list)
 
     @property
     def new_tokens(self) -> int:
@@ -244,6 +281,7 @@ def generate(target, prompts: list[list[int]], config: SamplingConfig | None = N
     gen = torch.Generator().manual_seed(config.seed)
     bar = _progress(len(prompts) * config.max_new_tokens, progress, "target-only")
     start = time.perf_counter()
+    clock = _RequestClock(len(prompts), start)
     limit = len(prompts) if max_batch is None else max_batch
     prefill_s, steps = 0.0, 0
     out = _Outputs(len(prompts), config.max_new_tokens, eos)
@@ -252,7 +290,9 @@ def generate(target, prompts: list[list[int]], config: SamplingConfig | None = N
     state, active, token = None, torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long, device=device)
     while True:
         t0 = time.perf_counter()
-        for group in _admission_groups(pending, limit - len(active), max_batch is not None):
+        groups = _admission_groups(pending, limit - len(active), max_batch is not None)
+        clock.mark("arrived", [i for group in groups for i in group])
+        for group in groups:
             pending = pending[len(group):]
             joined, logits, *_ = prefill(target, [prompts[i] for i in group])
             first = sample(logits, config, gen)
@@ -263,11 +303,13 @@ def generate(target, prompts: list[list[int]], config: SamplingConfig | None = N
             rows = torch.tensor(group)
             active, token = torch.cat([active, rows]), torch.cat([token, first])
             out.append(rows, first[:, None], torch.ones(len(group), dtype=torch.long))
+            clock.mark("first_token", group)
             if bar:
                 bar.update(len(group))
         prefill_s += time.perf_counter() - t0
         done = out.finished(active)
         if bool(done.any()):
+            clock.mark("finished", active[done].tolist())
             keep = (~done).nonzero().squeeze(1)
             target.select(state, keep)
             active, token = active[keep], token[keep.to(device)]
@@ -287,7 +329,7 @@ def generate(target, prompts: list[list[int]], config: SamplingConfig | None = N
         bar.close()
     seconds = time.perf_counter() - start
     return GenerationResult(out.lists(), seconds, timings={"prefill": prefill_s, "decode": seconds - prefill_s},
-                            steps=steps)
+                            steps=steps, request_timings=clock.timings())
 
 
 class SpeculativeDecoder:
@@ -355,6 +397,7 @@ class SpeculativeDecoder:
         self.limit, self.continuous = (len(prompts), False) if max_batch is None else (max_batch, True)
         self.outputs = _Outputs(len(prompts), self.config.max_new_tokens, self.eos)
         self.request_rounds = torch.zeros(len(prompts), dtype=torch.long)
+        self.clock = _RequestClock(len(prompts), time.perf_counter())
         self.state, self.cache = None, None
         self.active = torch.zeros(0, dtype=torch.long)
         self.anchor = torch.zeros(0, dtype=torch.long, device=self.device)
@@ -366,6 +409,7 @@ class SpeculativeDecoder:
         first token, and append it to the running batch (requests that finish at once hand their place on)."""
         t0 = time.perf_counter()
         while groups := _admission_groups(self.pending, self.limit - len(self.active), self.continuous):
+            self.clock.mark("arrived", [i for group in groups for i in group])
             if len(self.active):
                 self._catch_up()  # waiting rows hold one row per request and round; the joining ones have none
             else:
@@ -385,6 +429,7 @@ class SpeculativeDecoder:
                 rows = torch.tensor(group)
                 self.active, self.anchor = torch.cat([self.active, rows]), torch.cat([self.anchor, anchor])
                 self.outputs.append(rows, anchor[:, None], torch.ones(len(group), dtype=torch.long))
+                self.clock.mark("first_token", group)
             self._drop_finished()
         self.timings["prefill"] += time.perf_counter() - t0
 
@@ -400,6 +445,7 @@ class SpeculativeDecoder:
     def _drop_finished(self) -> None:
         done = self.outputs.finished(self.active)
         if bool(done.any()):
+            self.clock.mark("finished", self.active[done].tolist())
             keep = (~done).nonzero().squeeze(1)
             self.target.select(self.state, keep)
             self.cache.select(keep)
@@ -523,7 +569,7 @@ class SpeculativeDecoder:
         if bar:
             bar.close()
         return GenerationResult(self.outputs.lists(), time.perf_counter() - t0, self.stats, self.timings, self.steps,
-                                self.rounds_without_drafts, self.request_rounds.tolist())
+                                self.rounds_without_drafts, self.request_rounds.tolist(), self.clock.timings())
 
 
 def speculative_generate(target, drafter, prompts: list[list[int]], config: SamplingConfig | None = None, *,

@@ -226,6 +226,25 @@ def test_a_running_batch_keeps_only_the_cache_slots_its_requests_hold():
     assert decoder.out == [generate(target, [p], config).tokens[0] for p in prompts]
 
 
+@pytest.mark.parametrize("max_batch", [None, 1, 2])
+def test_each_request_is_timed_from_its_arrival_to_its_last_token(max_batch):
+    """Both decoders time every request: it arrives, has its first token, then its last, in that order. Under
+    continuous batching a request arrives when a place comes free, so with one place each request arrives after the
+    one before it finished; without a limit every request arrives at the start, before any first token."""
+    target = tiny_target()
+    config = SamplingConfig(max_new_tokens=6, temperature=0.0)
+    for result in (generate(target, PROMPTS, config, max_batch=max_batch),
+                   speculative_generate(target, drafter_for(target), PROMPTS, config, max_batch=max_batch)):
+        times = result.request_timings
+        assert len(times) == len(PROMPTS)
+        for timing in times:
+            assert 0 <= timing.arrived <= timing.first_token <= timing.finished <= result.seconds
+        if max_batch == 1:
+            assert all(later.arrived >= earlier.finished for earlier, later in zip(times, times[1:]))
+        if max_batch is None:
+            assert max(timing.arrived for timing in times) <= min(timing.first_token for timing in times)
+
+
 @pytest.mark.parametrize("max_batch", [0, -1, 1.5, True, "2"])
 def test_decoders_refuse_a_batch_limit_that_is_not_a_positive_int(max_batch):
     target = tiny_target()
