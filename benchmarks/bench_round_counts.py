@@ -1,0 +1,214 @@
+"""What one speculative decoding round asks of the host: kernel launches and host synchronisations, by computation.
+
+A round's device work is microseconds; on a GPU at small batch its cost is the host's: every kernel launch (Triton's
+launcher and ours), every PyTorch operation, and every wait for a device value. This counts them with
+:class:`benchmarks.host_trace.HostTrace` on this CPU (the counts are facts of the code, the same on any machine),
+for ``R`` = 1, 4, 16 and 64 requests, on both backends (the fused kernels under ``TRITON_INTERPRET=1``, and the
+PyTorch modules), greedy and sampled (T = 1: the samplers' draw kernels run only then).
+
+The round is ``SpeculativeDecoder.step`` with Algorithm 1 on a latency table that makes every drafted token
+worth sending, on a random target and drafter of the shipped drafter's structure (γ = 7, 2 draft layers, Markov
+rank 32, confidence head) at small widths: the number of launches and synchronisations depends on that
+structure, not on widths or vocabulary sizes. Rows give per round (mean over ``--rounds`` rounds after one
+warm-up round): ``launches_per_round`` (Triton launches plus PyTorch operations on device tensors),
+``host_syncs_per_round``, ``host_to_device_per_round``, and per computation (``markov_launches``,
+``attention_launches``, ...), with the library lines that ask for each synchronisation.
+
+Then the launchers' host overhead: each fused op called alone at ``R`` = 1, 16, 64 with its kernels stubbed out
+(the launcher runs, picks its config, allocates, and returns without launching), median of ``--calls`` calls,
+microseconds per call. On a GPU Triton's own launch path (argument binding, cache lookup, driver call) adds
+to this, once per launch counted above.
+
+    TRITON_INTERPRET=1 python benchmarks/bench_round_counts.py [--rounds 2] [--calls 200] [--tag before]
+                                                                [--out benchmarks/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.environment import write_result  # noqa: E402
+from benchmarks.host_trace import HostTrace, stubbed_launches  # noqa: E402
+
+REQUESTS = (1, 4, 16, 64)
+GAMMA = 7
+# Which computation each fused kernel serves.
+COMPUTATION_OF = {"block_attention": "attention", "markov_stats": "markov", "markov_normalize": "markov",
+                  "markov_probs": "markov", "markov_draw": "markov", "confidence": "confidence",
+                  "scheduler": "scheduler", "verify_accept": "rejection", "verify_mass": "rejection",
+                  "verify_draw": "rejection"}
+
+
+def build(seed: int = 0):
+    """A random 4-layer Llama target (vocabulary 4,096) and a random drafter of the shipped drafter's structure."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from dspark.drafter import DSparkDrafter
+    from dspark.runtime.target import TargetModel
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=4096, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    target = TargetModel(LlamaForCausalLM(config).eval())
+    drafter = DSparkDrafter(target.drafter_config(block_size=GAMMA, num_draft_layers=2, markov_rank=32,
+                                                  enable_confidence_head=True, confidence_head_with_markov=True,
+                                                  draft_vocab_size=1024))
+    drafter.set_draft_vocab(torch.randperm(target.vocab_size)[:1024].sort().values)
+    drafter.load_target_embeddings(target.embed_weight(), target.lm_head_weight())
+    return target, drafter.eval()
+
+
+def decoder_for(target, drafter, requests: int, temperature: float, backend: str):
+    """A decoder running ``requests`` random prompts, started and one round in (kernels warmed up)."""
+    from dspark.runtime.decoding import SamplingConfig, SpeculativeDecoder
+    from dspark.scheduler import PrefixScheduler, SPSTable
+
+    prompts = torch.randint(target.vocab_size - 1, (requests, 16), generator=torch.Generator().manual_seed(1))
+    # The last token id is never drawn by the prompts; as EOS it ends a request only if the random target emits it.
+    config = SamplingConfig(max_new_tokens=96, temperature=temperature, eos_token_id=target.vocab_size - 1)
+    sps = SPSTable.linear(1.0, 1e-6, requests * (GAMMA + 1))  # one more verified token is nearly free: send all
+    decoder = SpeculativeDecoder(target, drafter, config, scheduler=PrefixScheduler(sps), backend=backend)
+    decoder.start(prompts.tolist())
+    decoder.step()
+    return decoder
+
+
+def trace_rounds(target, drafter, requests: int, temperature: float, backend: str, rounds: int):
+    """Trace ``rounds`` calls of ``SpeculativeDecoder.step`` after one untraced round, each part of the round in a
+    phase of its own. The trace runs from before the decoder starts, so that it knows the caches it made live on
+    the device; what the start and the first round did is then forgotten. Returns the decoder and the trace."""
+    import dspark.drafter
+    import dspark.scheduler
+
+    trace = HostTrace([target.model, drafter])
+    with trace:
+        decoder = decoder_for(target, drafter, requests, temperature, backend)
+        trace.reset()
+        trace.wrap(decoder, "step", "bookkeeping")
+        trace.wrap(decoder, "_catch_up", "drafter_forward")
+        trace.wrap(drafter, "draft", "draft_other")
+        trace.wrap(drafter, "forward_cached", "drafter_forward")
+        trace.wrap(dspark.drafter, "sample_block", "markov")
+        trace.wrap(dspark.drafter, "confidence_survival", "confidence")
+        trace.wrap(decoder.scheduler, "may_send_drafts", "scheduler")
+        trace.wrap(dspark.scheduler, "schedule_greedy", "scheduler")
+        trace.wrap(target, "forward", "target_forward")
+        trace.wrap(decoder, "_verify", "verify")
+        trace.wrap(target, "keep", "cache_update")
+        trace.wrap(drafter, "extend_cache", "cache_update")
+        for _ in range(rounds):
+            decoder.step()
+    return decoder, trace
+
+
+def count_row(target, drafter, requests: int, temperature: float, backend: str, rounds: int) -> dict:
+    decoder, trace = trace_rounds(target, drafter, requests, temperature, backend, rounds)
+    if len(decoder.active) != requests:
+        raise RuntimeError(f"a request finished during the traced rounds ({len(decoder.active)} of {requests} left)")
+    total = sum(trace.counts.values(), Counter())
+    row = {"requests": requests, "backend": backend, "temperature": temperature, "rounds": rounds,
+           "launches_per_round": (total["triton_launches"] + total["torch_ops"]) / rounds,
+           "triton_launches_per_round": total["triton_launches"] / rounds,
+           "torch_ops_per_round": total["torch_ops"] / rounds,
+           "host_syncs_per_round": total["host_syncs"] / rounds,
+           "host_to_device_per_round": total["host_to_device"] / rounds}
+    for computation in sorted(set(COMPUTATION_OF.values())):
+        row[f"{computation}_launches"] = sum(n for key, n in total.items() if key.startswith("launch:")
+                                             and COMPUTATION_OF[key[len("launch:"):]] == computation) / rounds
+    row["by_phase"] = {phase: {key: n / rounds for key, n in sorted(counter.items())}
+                       for phase, counter in sorted(trace.counts.items())}
+    row["sync_sites"] = {site: n / rounds for site, n in trace.sync_sites.most_common()}
+    return row
+
+
+# The fused ops of a round, by the module attribute through which the round calls each.
+ROUND_OPS = {"block_attention": "dspark.backbone", "sample_block": "dspark.drafter",
+             "confidence_survival": "dspark.drafter", "schedule_greedy": "dspark.scheduler",
+             "verify": "dspark.runtime.decoding"}
+
+
+def capture_round_calls(decoder) -> dict[str, tuple]:
+    """``name → (function, args, kwargs)`` of the last call of each fused op in one round of ``decoder``."""
+    import importlib
+
+    calls, saved = {}, []
+    for name, module_name in ROUND_OPS.items():
+        module = importlib.import_module(module_name)
+        original = getattr(module, name)
+
+        def recording(*args, _name=name, _original=original, **kwargs):
+            calls[_name] = (_original, args, kwargs)
+            return _original(*args, **kwargs)
+
+        saved.append((module, name, original))
+        setattr(module, name, recording)
+    try:
+        decoder.step()
+    finally:
+        for module, name, original in saved:
+            setattr(module, name, original)
+    return calls
+
+
+def launcher_overheads(target, drafter, calls: int) -> list[dict]:
+    """Microseconds of host work per fused-op call with its kernels stubbed out, replaying the calls of a sampled
+    round (T = 1, so every kernel of the samplers is on the path) at R = 1, 16, 64."""
+    rows = []
+    for requests in (1, 16, 64):
+        decoder = decoder_for(target, drafter, requests, 1.0, "triton")
+        captured = capture_round_calls(decoder)
+        with stubbed_launches():
+            for name, (function, args, kwargs) in captured.items():
+                function(*args, **kwargs)  # the first call imports the launcher and fills its caches
+                times = []
+                for _ in range(calls):
+                    start = time.perf_counter()
+                    function(*args, **kwargs)
+                    times.append(time.perf_counter() - start)
+                rows.append({"op": name, "requests": requests, "host_us_per_call": 1e6 * statistics.median(times)})
+                print(f"  {name} at R={requests}: {rows[-1]['host_us_per_call']:.0f} us of host work per call",
+                      flush=True)
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--requests", type=int, nargs="+", default=list(REQUESTS))
+    parser.add_argument("--tag", default=None, help="writes round_counts_cpu_<tag>.json")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        parser.error("set TRITON_INTERPRET=1: the fused kernels run under Triton's interpreter on a CPU")
+    target, drafter = build()
+    rows = []
+    with torch.no_grad():
+        for backend in ("triton", "torch"):
+            for temperature in (0.0, 1.0):
+                for requests in args.requests:
+                    row = count_row(target, drafter, requests, temperature, backend, args.rounds)
+                    rows.append(row)
+                    print(f"{backend}, T={temperature:g}, R={requests}: {row['launches_per_round']:.0f} launches "
+                          f"({row['triton_launches_per_round']:.0f} Triton, {row['torch_ops_per_round']:.0f} PyTorch), "
+                          f"{row['host_syncs_per_round']:.0f} host syncs, Markov {row['markov_launches']:.0f} "
+                          "launches per round", flush=True)
+        overheads = launcher_overheads(target, drafter, args.calls)
+    name = "round_counts_cpu" + (f"_{args.tag}" if args.tag else "")
+    path = write_result(name, {"gamma": GAMMA, "rows": rows, "launcher_host_us": overheads}, args.out)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
