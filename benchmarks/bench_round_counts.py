@@ -16,8 +16,9 @@ warm-up round): ``launches_per_round`` (Triton launches plus PyTorch operations 
 
 Then the launchers' host overhead: each fused op called alone at ``R`` = 1, 16, 64 with its kernels stubbed out
 (the launcher runs, picks its config, allocates, and returns without launching), median of ``--calls`` calls,
-microseconds per call. On a GPU Triton's own launch path (argument binding, cache lookup, driver call) adds
-to this, once per launch counted above.
+microseconds per call, as a user calls it (its inputs' values checked) and as the decode loop does (trusted,
+:func:`dspark._checks.trusted_values`), side by side in one run. On a GPU Triton's own launch path (argument
+binding, cache lookup, driver call) adds to this, once per launch counted above.
 
     TRITON_INTERPRET=1 python benchmarks/bench_round_counts.py [--rounds 2] [--calls 200] [--tag before]
                                                                 [--out benchmarks/results]
@@ -39,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.environment import write_result  # noqa: E402
 from benchmarks.host_trace import HostTrace, stubbed_launches  # noqa: E402
+from dspark._checks import trusted_values  # noqa: E402
 
 REQUESTS = (1, 4, 16, 64)
 GAMMA = 7
@@ -50,30 +52,31 @@ COMPUTATION_OF = {"block_attention": "attention", "markov_stats": "markov", "mar
 
 
 def build(seed: int = 0):
-    """A random 4-layer Llama target (vocabulary 4,096) and a random drafter of the shipped drafter's structure."""
+    """A random 4-layer Llama target (vocabulary 1,024) and a random drafter of the shipped drafter's structure."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from dspark.drafter import DSparkDrafter
     from dspark.runtime.target import TargetModel
 
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=4096, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+    config = LlamaConfig(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
     target = TargetModel(LlamaForCausalLM(config).eval())
     drafter = DSparkDrafter(target.drafter_config(block_size=GAMMA, num_draft_layers=2, markov_rank=32,
                                                   enable_confidence_head=True, confidence_head_with_markov=True,
-                                                  draft_vocab_size=1024))
-    drafter.set_draft_vocab(torch.randperm(target.vocab_size)[:1024].sort().values)
+                                                  draft_vocab_size=256))
+    drafter.set_draft_vocab(torch.randperm(target.vocab_size)[:256].sort().values)
     drafter.load_target_embeddings(target.embed_weight(), target.lm_head_weight())
     return target, drafter.eval()
 
 
-def decoder_for(target, drafter, requests: int, temperature: float, backend: str):
-    """A decoder running ``requests`` random prompts, started and one round in (kernels warmed up)."""
+def decoder_for(target, drafter, requests: int, temperature: float, backend: str, seed: int = 1):
+    """A decoder running ``requests`` random prompts (drawn with ``seed``), started and one round in (kernels warmed
+    up)."""
     from dspark.runtime.decoding import SamplingConfig, SpeculativeDecoder
     from dspark.scheduler import PrefixScheduler, SPSTable
 
-    prompts = torch.randint(target.vocab_size - 1, (requests, 16), generator=torch.Generator().manual_seed(1))
+    prompts = torch.randint(target.vocab_size - 1, (requests, 16), generator=torch.Generator().manual_seed(seed))
     # The last token id is never drawn by the prompts; as EOS it ends a request only if the random target emits it.
     config = SamplingConfig(max_new_tokens=96, temperature=temperature, eos_token_id=target.vocab_size - 1)
     sps = SPSTable.linear(1.0, 1e-6, requests * (GAMMA + 1))  # one more verified token is nearly free: send all
@@ -83,7 +86,7 @@ def decoder_for(target, drafter, requests: int, temperature: float, backend: str
     return decoder
 
 
-def trace_rounds(target, drafter, requests: int, temperature: float, backend: str, rounds: int):
+def trace_rounds(target, drafter, requests: int, temperature: float, backend: str, rounds: int, seed: int):
     """Trace ``rounds`` calls of ``SpeculativeDecoder.step`` after one untraced round, each part of the round in a
     phase of its own. The trace runs from before the decoder starts, so that it knows the caches it made live on
     the device; what the start and the first round did is then forgotten. Returns the decoder and the trace."""
@@ -92,7 +95,7 @@ def trace_rounds(target, drafter, requests: int, temperature: float, backend: st
 
     trace = HostTrace([target.model, drafter])
     with trace:
-        decoder = decoder_for(target, drafter, requests, temperature, backend)
+        decoder = decoder_for(target, drafter, requests, temperature, backend, seed)
         trace.reset()
         trace.wrap(decoder, "step", "bookkeeping")
         trace.wrap(decoder, "_catch_up", "drafter_forward")
@@ -112,9 +115,14 @@ def trace_rounds(target, drafter, requests: int, temperature: float, backend: st
 
 
 def count_row(target, drafter, requests: int, temperature: float, backend: str, rounds: int) -> dict:
-    decoder, trace = trace_rounds(target, drafter, requests, temperature, backend, rounds)
-    if len(decoder.active) != requests:
-        raise RuntimeError(f"a request finished during the traced rounds ({len(decoder.active)} of {requests} left)")
+    os.environ["DSPARK_BACKEND"] = backend  # what backend="auto" picks: the scheduler's Algorithm 1 too
+    # A random target emits its EOS now and then; prompts where no request finishes keep R requests in every round.
+    for seed in range(1, 11):
+        decoder, trace = trace_rounds(target, drafter, requests, temperature, backend, rounds, seed)
+        if len(decoder.active) == requests:
+            break
+    else:
+        raise RuntimeError(f"a request finished during the traced rounds for every prompt seed tried (R={requests})")
     total = sum(trace.counts.values(), Counter())
     row = {"requests": requests, "backend": backend, "temperature": temperature, "rounds": rounds,
            "launches_per_round": (total["triton_launches"] + total["torch_ops"]) / rounds,
@@ -162,28 +170,41 @@ def capture_round_calls(decoder) -> dict[str, tuple]:
 
 def launcher_overheads(target, drafter, calls: int) -> list[dict]:
     """Microseconds of host work per fused-op call with its kernels stubbed out, replaying the calls of a sampled
-    round (T = 1, so every kernel of the samplers is on the path) at R = 1, 16, 64."""
+    round (T = 1, so every kernel of the samplers is on the path) at R = 1, 16, 64: as a user's call, which checks
+    its inputs' values, and as the decode loop calls it, inside :func:`dspark._checks.trusted_values`."""
     rows = []
+    os.environ["DSPARK_BACKEND"] = "triton"
     for requests in (1, 16, 64):
         decoder = decoder_for(target, drafter, requests, 1.0, "triton")
         captured = capture_round_calls(decoder)
         with stubbed_launches():
             for name, (function, args, kwargs) in captured.items():
                 function(*args, **kwargs)  # the first call imports the launcher and fills its caches
-                times = []
-                for _ in range(calls):
-                    start = time.perf_counter()
+                def call(function=function, args=args, kwargs=kwargs):
                     function(*args, **kwargs)
-                    times.append(time.perf_counter() - start)
-                rows.append({"op": name, "requests": requests, "host_us_per_call": 1e6 * statistics.median(times)})
-                print(f"  {name} at R={requests}: {rows[-1]['host_us_per_call']:.0f} us of host work per call",
-                      flush=True)
+
+                checked = _median_seconds(call, calls)
+                with trusted_values():
+                    trusted = _median_seconds(call, calls)
+                rows.append({"op": name, "requests": requests, "host_us_per_call": 1e6 * checked,
+                             "host_us_per_call_trusted": 1e6 * trusted})
+                print(f"  {name} at R={requests}: {1e6 * checked:.0f} us of host work per call, "
+                      f"{1e6 * trusted:.0f} us with trusted inputs ({checked / trusted:.1f}x less)", flush=True)
     return rows
+
+
+def _median_seconds(call, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--requests", type=int, nargs="+", default=list(REQUESTS))
     parser.add_argument("--tag", default=None, help="writes round_counts_cpu_<tag>.json")

@@ -15,9 +15,11 @@ live on the device and counts, per phase of the work,
   device=...)``), which PyTorch also makes wait for the queue unless they are pinned and non-blocking.
 
 A tensor is on the device when it is a parameter or buffer of a module passed as ``device_modules``, was made by a
-factory called with an explicit ``device=`` (``torch.zeros(..., device=d)``), was moved with ``.to(<torch.device>)``,
-or was computed from another device tensor. ``.to("cpu")`` with the string names the host, as the library writes a
-copy back. Everything else (the decoder's bookkeeping tensors) is host memory and costs nothing here.
+factory told a device (``torch.zeros(..., device=d)``), was moved with ``.to(d)``, or was computed from another
+device tensor, where ``d`` is any device but one read off a host tensor: while tracing, a host tensor's ``.device``
+is one marked object, so ``lengths.to(x.device)`` stays on the host when ``x`` is a host tensor, as it would on a
+GPU. ``.to("cpu")`` with the string names the host, as the library writes a copy back. Everything else (the
+decoder's bookkeeping tensors) is host memory and costs nothing here.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakTensorKeyDictionary
 
+# What a host tensor's ``.device`` gives while tracing: a device argument that is this object names the host.
+HOST = torch.device("cpu")
 KERNEL_MODULES = ("attention", "markov", "confidence", "scheduler", "rejection", "loss")
 FACTORIES = ("zeros", "ones", "empty", "full", "arange", "rand", "randn", "randint", "linspace", "eye", "tensor",
              "zeros_like", "ones_like", "empty_like", "full_like")
@@ -183,7 +187,7 @@ class HostTrace(TorchDispatchMode):
                 return original_to(self, *args, **kwargs)
             if isinstance(where, str) and where.startswith("cpu"):
                 return to_host(original_to)(self, *args, **kwargs)
-            if isinstance(where, torch.device) and not trace.on_device(self):
+            if isinstance(where, torch.device) and where is not HOST and not trace.on_device(self):
                 trace._count("host_to_device")
                 moved = original_to(self, *args, **kwargs)
                 moved = moved.clone() if moved is self else moved
@@ -191,6 +195,12 @@ class HostTrace(TorchDispatchMode):
                 return moved
             return original_to(self, *args, **kwargs)
 
+        real_device = tensor.device
+
+        def device(self):
+            return real_device.__get__(self) if trace.on_device(self) else HOST
+
+        self._patch(tensor, "device", property(device))
         self._patch(tensor, "to", to)
         self._patch(tensor, "cpu", to_host(tensor.cpu))
         for method in ("tolist", "numpy"):
@@ -217,7 +227,7 @@ class HostTrace(TorchDispatchMode):
 
         def make(*args, **kwargs):
             made = original(*args, **kwargs)
-            if kwargs.get("device") is not None and not trace._uncounted:
+            if kwargs.get("device") not in (None, HOST) and not trace._uncounted:
                 if copies_from_host:
                     trace._count("host_to_device")
                 trace._mark([made], True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 from collections.abc import Sequence
 
@@ -38,10 +40,31 @@ def check_tensor(
     return t
 
 
+_TRUSTED = contextvars.ContextVar("dspark_trusted_values", default=False)
+
+
+@contextlib.contextmanager
+def trusted_values():
+    """Within it, the public ops skip the checks that read tensor values (ranges, finiteness, that rows are
+    distributions) and keep those of shapes and dtypes.
+
+    For a caller that made the inputs itself, such as the decode loop: on a GPU every value a check reads makes
+    the host wait for the device, and a round of checked calls waits dozens of times for microseconds of work.
+    The decode loop checks what could still go wrong (a target or drafter that returns NaN) with one flag it reads
+    back with the round's results.
+    """
+    token = _TRUSTED.set(True)
+    try:
+        yield
+    finally:
+        _TRUSTED.reset(token)
+
+
 def values_checked() -> bool:
-    """Whether checks that read tensor values run: not while ``torch.compile`` traces, where reading a value
-    would split the graph at every check (shapes and dtypes are still checked, at trace time)."""
-    return not torch.compiler.is_compiling()
+    """Whether checks that read tensor values run: not inside :func:`trusted_values`, and not while
+    ``torch.compile`` traces, where reading a value would split the graph at every check (shapes and dtypes are
+    still checked, at trace time)."""
+    return not _TRUSTED.get() and not torch.compiler.is_compiling()
 
 
 def check_range(name: str, t: torch.Tensor, low: int, high: int, what: str = "") -> None:

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dspark._checks import check_range, check_tensor, check_token_range
+from dspark._checks import check_range, check_tensor, check_token_range, values_checked
 from dspark.attention import block_attention
 from dspark.config import DSparkConfig
 from dspark.linear import Linear
@@ -128,12 +128,15 @@ class ContextCache:
 
     ``keys[l]``, ``values[l]``: ``[B, capacity, Hkv, D]``; ``lengths [B]``: rows filled per request, which is
     also the position of the next anchor. Only context rows are ever stored: block keys and values are
-    recomputed every round, so "crop back to the anchor" is simply never writing them.
+    recomputed every round, so "crop back to the anchor" is simply never writing them. ``host_lengths``, when
+    kept, is a copy of ``lengths`` in host memory: the host sizes its work from it instead of waiting for the
+    device (a caller that extends the cache with counts it holds on the host keeps it without any read).
     """
 
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
     lengths: torch.Tensor
+    host_lengths: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -150,6 +153,8 @@ class ContextCache:
             raise ValueError(f"crop lengths must lie in [0, current lengths {self.lengths.tolist()}], "
                              f"got {lengths.tolist()}")
         self.lengths = lengths.to(self.lengths)
+        if self.host_lengths is not None:
+            self.host_lengths = lengths.cpu()
 
     def select(self, rows: torch.Tensor) -> None:
         """Keep only the requests ``rows`` (e.g. drop finished ones)."""
@@ -157,6 +162,8 @@ class ContextCache:
         self.keys = [k[rows] for k in self.keys]
         self.values = [v[rows] for v in self.values]
         self.lengths = self.lengths[rows]
+        if self.host_lengths is not None:
+            self.host_lengths = self.host_lengths[rows.cpu()]
 
     def merge(self, other: ContextCache) -> None:
         """Append the requests of ``other``, in place (continuous batching); the capacity becomes the larger."""
@@ -168,6 +175,12 @@ class ContextCache:
         self.keys = [torch.cat([padded(a), padded(b)]) for a, b in zip(self.keys, other.keys)]
         self.values = [torch.cat([padded(a), padded(b)]) for a, b in zip(self.values, other.values)]
         self.lengths = torch.cat([self.lengths, other.lengths.to(self.lengths)])
+        mirrored = self.host_lengths is not None and other.host_lengths is not None
+        self.host_lengths = torch.cat([self.host_lengths, other.host_lengths]) if mirrored else None
+
+    def longest(self) -> int:
+        """The most rows any request holds: from the host copy when kept, else read from the device."""
+        return int((self.lengths if self.host_lengths is None else self.host_lengths).max())
 
     def _reserve(self, needed: int) -> None:
         if needed <= self.capacity:
@@ -297,6 +310,7 @@ class BlockBackbone(nn.Module):
             keys=[torch.zeros(shape, **kwargs) for _ in self.layers],
             values=[torch.zeros(shape, **kwargs) for _ in self.layers],
             lengths=torch.zeros(batch_size, dtype=torch.long, device=kwargs["device"]),
+            host_lengths=torch.zeros(batch_size, dtype=torch.long),
         )
 
     @torch.no_grad()
@@ -307,27 +321,34 @@ class BlockBackbone(nn.Module):
         Args:
             tap_features: ``[B, n_max, taps·H_t]``: the target features of the newly committed tokens
                 ``[old anchor, accepted drafts]``; rows past ``num_new[b]`` are ignored.
-            num_new: ``[B]`` rows to take per request (0 allowed).
+            num_new: ``[B]`` rows to take per request (0 allowed), on the host or the device. Counts the caller
+                holds on the host keep the cache's host copy of its lengths without a wait for the device (the
+                decode loop passes those it read back); counts on the device are read once here.
             token_ids: the committed tokens at those rows; unused here (DSpark's context is features only),
                 accepted so that every drafter takes what the decoder passes.
         """
         check_tensor("tap_features", tap_features, shape=(cache.batch_size, None, None), floating=True)
         check_tensor("num_new", num_new, shape=(cache.batch_size,), integer=True)
         n_max = tap_features.shape[1]
-        if bool((num_new < 0).any()) or bool((num_new > n_max).any()):
-            raise ValueError(f"num_new must lie in [0, {n_max}], got {num_new.tolist()}")
-        cache._reserve(int((cache.lengths + num_new).max()))
+        device = cache.lengths.device
+        counts = num_new.cpu()
+        if values_checked() and (bool((counts < 0).any()) or bool((counts > n_max).any())):
+            raise ValueError(f"num_new must lie in [0, {n_max}], got {counts.tolist()}")
+        if cache.host_lengths is None:
+            cache.host_lengths = cache.lengths.cpu()
+        cache._reserve(int((cache.host_lengths + counts).max()))
         ctx_hidden = self.fuse_context(tap_features)
-        offsets = torch.arange(n_max, device=num_new.device)
-        positions = cache.lengths[:, None] + offsets  # [B, n_max]
-        keep = offsets < num_new[:, None]
-        rows, cols = keep.nonzero(as_tuple=True)
+        positions = cache.lengths[:, None] + torch.arange(n_max, device=device)  # [B, n_max]
+        # The ragged rows to write, found on the host, then sent: no wait for the device to count them.
+        rows, cols = (torch.arange(n_max) < counts[:, None]).nonzero(as_tuple=True)
+        rows, cols = rows.to(device), cols.to(device)
         slots = positions[rows, cols]
         for layer, key_store, value_store in zip(self.layers, cache.keys, cache.values):
             keys, values = layer.self_attn.context_kv(ctx_hidden, positions)
             key_store[rows, slots] = keys[rows, cols].to(key_store.dtype)
             value_store[rows, slots] = values[rows, cols].to(value_store.dtype)
-        cache.lengths = cache.lengths + num_new
+        cache.lengths = cache.lengths + counts.to(device)
+        cache.host_lengths = cache.host_lengths + counts
 
     def forward_cached(self, anchor_ids: torch.Tensor, cache: ContextCache, *, backend: str = "auto") -> torch.Tensor:
         """Inference layout: one block per request at positions ``lengths[b] …`` over its cache.
@@ -344,7 +365,7 @@ class BlockBackbone(nn.Module):
         block_pos = anchor_pos[..., None] + torch.arange(self.config.block_size, device=anchor_ids.device)
         x = self.embed_tokens(self.block_ids(anchor_ids[:, None])).to(cache.keys[0].dtype)
         # Rows past the longest context are spare capacity: attention would upcast and mask them every round.
-        filled = int(cache.lengths.max())
+        filled = cache.longest()
         for keys, values, layer in zip(cache.keys, cache.values, self.layers):
             x = layer(x, block_pos, keys[:, :filled], values[:, :filled], anchor_pos, None, backend)
         return self.norm(x)[:, 0]

@@ -237,6 +237,7 @@ class Eagle3Drafter(nn.Module):
         n_max = tap_features.shape[1]
         check_tensor("token_ids", token_ids, shape=(cache.batch_size, n_max), integer=True)
         check_tensor("num_new", num_new, shape=(cache.batch_size,), integer=True)
+        num_new = num_new.to(cache.lengths.device)  # the decode loop passes counts it holds on the host
         if bool((num_new < 0).any()) or bool((num_new > n_max).any()):
             raise ValueError(f"num_new must lie in [0, {n_max}], got {num_new.tolist()}")
         cache._reserve(int((cache.lengths + num_new).max()))

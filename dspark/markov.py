@@ -222,7 +222,8 @@ def _greedy_block(base_logits, hidden, anchor_ids, weights, draft_to_target):
     # max propagates NaN and finds +inf, so finite maxima are the check warp_logits makes of every logit; a
     # non-finite slot can only have steered the slots after it, and the whole block is refused.
     check_tensor("draft logits", torch.stack(tops, 1), finite=True)
-    probs = torch.nn.functional.one_hot(tokens, base_logits.shape[-1]).to(base_logits.dtype)
+    # A scatter, not one_hot: one_hot reads the tokens' range back to the host to check it.
+    probs = torch.zeros_like(base_logits).scatter_(-1, tokens[..., None], 1)
     return tokens, probs
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dspark._checks import check_tensor
+from dspark._checks import check_tensor, values_checked
 from dspark.backend import resolve_backend
 
 
@@ -204,8 +204,7 @@ def schedule_greedy(
     if not isinstance(sps, SPSTable):
         raise ValueError(f"sps must be an SPSTable (SPSTable.from_latencies, .linear, .roofline or profile_sps), "
                          f"got {type(sps).__name__}")
-    lo, _ = verify_length_bounds(confidence, valid_len, min_len, max_len)
-    check_sps_capacity(base_tokens + confidence.shape[0] + int(lo.sum()), sps)  # every tier refuses alike
+    check_schedule_capacity(confidence, valid_len, min_len, max_len, base_tokens, sps)  # every tier refuses alike
     backend = resolve_backend(backend, confidence)
     if backend == "reference":
         from dspark.reference.scheduler import schedule_greedy as reference_schedule_greedy
@@ -287,16 +286,22 @@ def allocate_top_k(
 def fixed_length(confidence: torch.Tensor, length: int, valid_len: torch.Tensor | None = None) -> torch.Tensor:
     """Baseline: every request sends ``min(length, valid_len)`` drafts."""
     _check_schedule_inputs(confidence, valid_len, 0, None, 0)
-    _, hi = verify_length_bounds(confidence, valid_len, 0, length)
-    return hi.to(confidence.device)
+    return _most_drafts(confidence, valid_len).clamp(max=length)
 
 
 def threshold_length(confidence: torch.Tensor, threshold: float, valid_len: torch.Tensor | None = None) -> torch.Tensor:
     """Baseline (DeepSpec's threshold mode): truncate at the first slot whose conditional c_k < threshold."""
     _check_schedule_inputs(confidence, valid_len, 0, None, 0)
     passing = (confidence >= threshold).long().cumprod(-1).sum(-1)
-    _, hi = verify_length_bounds(confidence, valid_len, 0, None)
-    return passing.cpu().minimum(hi).to(confidence.device)
+    return passing.minimum(_most_drafts(confidence, valid_len))
+
+
+def _most_drafts(confidence: torch.Tensor, valid_len: torch.Tensor | None) -> torch.Tensor:
+    """``[R]`` on the confidences' device: γ, or ``valid_len`` where given. The two baselines stay on the device,
+    so a decode loop that runs them waits for nothing."""
+    if valid_len is None:
+        return torch.full((confidence.shape[0],), confidence.shape[1], dtype=torch.long, device=confidence.device)
+    return valid_len.to(device=confidence.device, dtype=torch.long)
 
 
 class Scheduler:
@@ -376,8 +381,9 @@ class PrefixScheduler(Scheduler):
         if self.min_len > 0:
             return True
         certain = torch.ones(len(valid_len), gamma, dtype=torch.float64)
+        # A question about host values, answered on the host whatever backend the round's ops use.
         return bool(schedule_greedy(certain, self.sps, valid_len.cpu(), max_len=self.max_len,
-                                    base_tokens=self.base_tokens).any())
+                                    base_tokens=self.base_tokens, backend="torch").any())
 
 
 class ProductionScheduler(Scheduler):
@@ -427,6 +433,19 @@ class ProductionScheduler(Scheduler):
         return allocate_top_k(confidence, k, valid_len, min_len=self.min_len, max_len=self.max_len)
 
 
+def check_schedule_capacity(confidence: torch.Tensor, valid_len: torch.Tensor | None, min_len: int,
+                            max_len: int | None, base_tokens: int, sps: SPSTable) -> None:
+    """:func:`check_sps_capacity` of the tokens every schedule sends before any optional draft: the anchors, the
+    base tokens and each request's forced ``min(min_len, hi_r)`` drafts. ``valid_len`` is read only when
+    ``min_len`` drafts per request could overflow the table; otherwise the count cannot, and a decode loop on a GPU
+    does not wait for the device to learn so."""
+    num_requests = confidence.shape[0]
+    if base_tokens + num_requests * (1 + min_len) <= sps.max_tokens:
+        return
+    lo, _ = verify_length_bounds(confidence, valid_len, min_len, max_len)
+    check_sps_capacity(base_tokens + num_requests + int(lo.sum()), sps)
+
+
 def check_sps_capacity(tokens: int, sps: SPSTable) -> None:
     """Refuse a verify pass whose ``tokens`` before any draft already exceed what the SPS table was profiled for."""
     if tokens > sps.max_tokens:
@@ -438,11 +457,12 @@ def check_sps_capacity(tokens: int, sps: SPSTable) -> None:
 
 def _check_schedule_inputs(confidence, valid_len, min_len, max_len, base_tokens) -> None:
     check_tensor("confidence", confidence, ndim=2, floating=True, finite=True)
-    if confidence.numel() and (bool((confidence < 0).any()) or bool((confidence > 1).any())):
+    if values_checked() and confidence.numel() and (bool((confidence < 0).any()) or bool((confidence > 1).any())):
         raise ValueError("confidence must hold probabilities in [0, 1] (apply sigmoid to the head's logits)")
     if valid_len is not None:
         check_tensor("valid_len", valid_len, shape=(confidence.shape[0],), integer=True)
-        if valid_len.numel() and (int(valid_len.min()) < 0 or int(valid_len.max()) > confidence.shape[1]):
+        if values_checked() and valid_len.numel() and (int(valid_len.min()) < 0
+                                                       or int(valid_len.max()) > confidence.shape[1]):
             raise ValueError(f"valid_len must lie in [0, {confidence.shape[1]}], got {valid_len.tolist()}")
     if min_len < 0 or (max_len is not None and max_len < min_len) or base_tokens < 0:
         raise ValueError(f"need 0 <= min_len <= max_len and base_tokens >= 0, got {min_len}, {max_len}, {base_tokens}")

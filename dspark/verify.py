@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from dspark._checks import check_tensor, check_token_range, check_uniforms
+from dspark._checks import check_tensor, check_token_range, check_uniforms, values_checked
 from dspark.backend import resolve_backend
 from dspark.contract import ACCEPTED, NOT_REACHED, REJECTED, RESIDUAL_EPS_FIXED, VerifyOutput
 from dspark.sampling import fixed_point, sample_from_probs
@@ -109,12 +109,12 @@ def verify_greedy(draft_tokens: torch.Tensor, target_tokens: torch.Tensor, verif
         raise ValueError(f"draft_tokens must have at least one block slot, got shape {tuple(draft_tokens.shape)}")
     check_tensor("target_tokens", target_tokens, shape=(num_requests, gamma + 1), integer=True)
     check_tensor("verify_len", verify_len, shape=(num_requests,), integer=True)
-    if verify_len.numel() and (int(verify_len.min()) < 0 or int(verify_len.max()) > gamma):
-        raise ValueError(f"verify_len must lie in [0, {gamma}], got {verify_len.tolist()}")
-    if draft_tokens.numel() and int(draft_tokens.min()) < 0:
-        raise ValueError("draft_tokens must be non-negative token ids")
-    if target_tokens.numel() and int(target_tokens.min()) < 0:
-        raise ValueError("target_tokens must be non-negative token ids")
+    if values_checked():
+        _check_verify_len(verify_len, gamma)
+        if draft_tokens.numel() and int(draft_tokens.min()) < 0:
+            raise ValueError("draft_tokens must be non-negative token ids")
+        if target_tokens.numel() and int(target_tokens.min()) < 0:
+            raise ValueError("target_tokens must be non-negative token ids")
     if eos_token_id is not None and (isinstance(eos_token_id, bool) or not isinstance(eos_token_id, int)
                                      or eos_token_id < 0):
         raise ValueError(f"eos_token_id must be a non-negative int or None, got {eos_token_id!r}")
@@ -148,9 +148,11 @@ def _round_output(draft_tokens: torch.Tensor, accepted: torch.Tensor, ended_by_e
     num_requests, gamma = draft_tokens.shape
     rows = torch.arange(num_requests, device=draft_tokens.device)
     num_accepted = accepted.sum(-1)
+    # Selections by torch.where, not boolean indexing, whose output size the host would have to read back.
+    slots = torch.arange(gamma, device=draft_tokens.device)
+    rejected_at = rejected[:, None] & (slots == num_accepted.clamp(max=gamma - 1)[:, None])
     outcome = torch.full((num_requests, gamma), NOT_REACHED, dtype=torch.int8, device=draft_tokens.device)
-    outcome[accepted] = ACCEPTED
-    outcome[rows[rejected], num_accepted.clamp(max=gamma - 1)[rejected]] = REJECTED
+    outcome = torch.where(accepted, ACCEPTED, torch.where(rejected_at, REJECTED, outcome))
     next_token = torch.where(ended_by_eos, torch.full_like(next_token, -1), next_token)
 
     committed = torch.full((num_requests, gamma + 1), -1, dtype=torch.long, device=draft_tokens.device)
@@ -179,8 +181,9 @@ def _check_inputs(draft_tokens, draft_probs, target_probs, verify_len, accept_un
     check_uniforms("accept_uniforms", accept_uniforms)
     check_uniforms("final_uniforms", final_uniforms)
     check_token_range("draft_tokens", draft_tokens, vocab)
-    if verify_len.numel() and (int(verify_len.min()) < 0 or int(verify_len.max()) > gamma):
-        raise ValueError(f"verify_len must lie in [0, {gamma}], got {verify_len.tolist()}")
+    if not values_checked():
+        return
+    _check_verify_len(verify_len, gamma)
     if bool((draft_probs < 0).any()) or bool((target_probs < 0).any()):
         raise ValueError("draft_probs and target_probs must be non-negative probabilities")
     # Every row the verifier reads must be a distribution: target rows 0…ℓ_r, draft rows 1…ℓ_r. The
@@ -196,3 +199,8 @@ def _check_inputs(draft_tokens, draft_probs, target_probs, verify_len, accept_un
             r, k = (int(i) for i in off.nonzero()[0])
             raise ValueError(f"{name}[{r}, {k}] sums to {float(mass[r, k]):.6g}, not 1 (±{tolerance:g}): every row "
                              "the verifier reads must be a probability distribution")
+
+
+def _check_verify_len(verify_len: torch.Tensor, gamma: int) -> None:
+    if verify_len.numel() and (int(verify_len.min()) < 0 or int(verify_len.max()) > gamma):
+        raise ValueError(f"verify_len must lie in [0, {gamma}], got {verify_len.tolist()}")

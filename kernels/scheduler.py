@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 from dspark.kernels._tuning import empty_output, launch, next_power_of_2
 
-from dspark.scheduler import check_sps_capacity, verify_length_bounds
+from dspark.scheduler import check_schedule_capacity
 
 MODE_EARLY_STOP, MODE_ARGMAX, MODE_TOP_K = 0, 1, 2
 
@@ -183,17 +183,22 @@ def _schedule_kernel(
 def _launch(confidence, mode, valid_len, min_len, max_len, *, sps=None, base_tokens=0, budget=0):
     num_requests, gamma = confidence.shape
     device = confidence.device
-    lo, hi = verify_length_bounds(confidence, valid_len, min_len, max_len)
+    # The bounds of verify_length_bounds, computed where the kernel reads them: no wait for the device.
+    hi = torch.full((num_requests,), gamma, dtype=torch.long, device=device) if valid_len is None \
+        else valid_len.to(device=device, dtype=torch.long)
+    if max_len is not None:
+        hi = hi.clamp(max=max_len)
+    lo = torch.full_like(hi, min_len).minimum(hi)
     out = empty_output(num_requests, dtype=torch.long, device=device)
     if num_requests == 0:
         return out
     if sps is not None:
-        check_sps_capacity(base_tokens + num_requests + int(lo.sum()), sps)
+        check_schedule_capacity(confidence, valid_len, min_len, max_len, base_tokens, sps)
         table, max_tokens = sps.sps.to(device), sps.max_tokens
     else:
         table, max_tokens = torch.ones(1, dtype=torch.float64, device=device), 0
     confidence = confidence.contiguous()
-    args = (confidence, lo.to(device), hi.to(device), table, out,
+    args = (confidence, lo, hi, table, out,
             num_requests, gamma, base_tokens, max_tokens, budget, confidence.stride(0))
     # At least two entries: the bitonic sort needs one hypercube axis.
     block_r, block_g = next_power_of_2(num_requests), max(2, next_power_of_2(gamma))

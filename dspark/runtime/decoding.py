@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dspark._checks import check_sampling, check_tensor
+from dspark._checks import check_sampling, trusted_values
 from dspark.contract import VerifyOutput
 from dspark.drafter import DraftOutput
 from dspark.metrics import AcceptanceStats
@@ -332,6 +332,37 @@ def generate(target, prompts: list[list[int]], config: SamplingConfig | None = N
                             steps=steps, request_timings=clock.timings())
 
 
+def _finite(t: torch.Tensor) -> torch.Tensor:
+    """A 0-dim bool on ``t``'s device: every element is finite (min and max propagate NaN; an infinity is one)."""
+    low, high = torch.aminmax(t)
+    return torch.isfinite(low) & torch.isfinite(high)
+
+
+@dataclass
+class _RoundResults:
+    """What the host reads back of a round, all in one copy: ``[R]`` accepted drafts and committed tokens, the
+    ``[R, slots + 1]`` committed tokens, the ``[R, γ]`` drafted block (``None`` when nothing was drafted) and
+    whether the round's logits and draft distributions were finite."""
+
+    num_accepted: torch.Tensor
+    num_committed: torch.Tensor
+    committed: torch.Tensor
+    drafted: torch.Tensor | None
+    finite: bool
+
+    @classmethod
+    def read(cls, result: VerifyOutput, finite: torch.Tensor, draft: DraftOutput | None) -> _RoundResults:
+        num = len(result.num_accepted)
+        parts = [result.num_accepted[:, None], result.num_committed[:, None], result.committed,
+                 finite.expand(num, 1).long()]
+        if draft is not None:
+            parts.append(draft.tokens)
+        host = torch.cat(parts, 1).cpu()
+        width = result.committed.shape[1]
+        return cls(host[:, 0], host[:, 1], host[:, 2: 2 + width], host[:, 3 + width:] if draft is not None else None,
+                   bool(host[0, 2 + width]) if num else True)
+
+
 class SpeculativeDecoder:
     """DSpark speculative decoding of a batch of prompts, one round per :meth:`step`; lossless for any drafter.
 
@@ -458,7 +489,7 @@ class SpeculativeDecoder:
         if self.waiting:
             taps, ids = (torch.cat(parts, 1) for parts in zip(*self.waiting))
             self.waiting = []
-            counts = torch.full((taps.shape[0],), taps.shape[1], dtype=torch.long, device=self.device)
+            counts = torch.full((taps.shape[0],), taps.shape[1], dtype=torch.long)
             self.drafter.extend_cache(self.cache, taps, counts, token_ids=ids)
 
     def _uniforms(self, *shape, dtype) -> torch.Tensor:
@@ -466,14 +497,25 @@ class SpeculativeDecoder:
 
     @torch.no_grad()
     def step(self) -> list[int]:
-        """One round for every active request; returns how many tokens each committed."""
+        """One round for every active request; returns how many tokens each committed.
+
+        On a GPU the host waits for the device twice a round: for the verify lengths the scheduler chose (they
+        size the target's pass), and for the round's results, read back in one copy. The public ops skip their
+        checks of tensor values (:func:`dspark._checks.trusted_values`): the loop made their inputs, and it reads
+        back with the results whether the target's logits and the draft distributions were finite.
+        """
+        with trusted_values():
+            return self._round()
+
+    def _round(self) -> list[int]:
         config, gamma, device = self.config, self.gamma, self.device
         num = len(self.active)
-        remaining = (config.max_new_tokens - self.outputs.count[self.active]).to(device)
-        valid_len = torch.clamp(remaining - 1, max=gamma)
+        # The loop's own counts live on the host, so the scheduler learns what each request may still send for free.
+        valid_len_host = torch.clamp(config.max_new_tokens - self.outputs.count[self.active] - 1, max=gamma)
+        valid_len = valid_len_host.to(device)
         t0 = time.perf_counter()
         draft = None
-        if self.scheduler.may_send_drafts(valid_len, gamma):
+        if self.scheduler.may_send_drafts(valid_len_host, gamma):
             self._catch_up()
             draft = self.drafter.draft(self.anchor, self.cache, self._uniforms(num, gamma, dtype=self.dtype),
                                        temperature=config.temperature, top_k=config.top_k, top_p=config.top_p,
@@ -488,9 +530,10 @@ class SpeculativeDecoder:
         else:
             confidence = draft.confidence if draft.confidence is not None else torch.ones(num, gamma, device=device)
             verify_len = self.scheduler(confidence, valid_len).to(device)
+        verify_len_host = verify_len.cpu()  # the first read: the target's pass is as wide as the longest
         t2 = time.perf_counter()
 
-        width = int(verify_len.max()) + 1
+        width = int(verify_len_host.max()) + 1
         fed = self.anchor[:, None]
         if draft is not None:
             fed = torch.cat([fed, draft.tokens[:, : width - 1]], 1)
@@ -498,27 +541,32 @@ class SpeculativeDecoder:
         step = self.target.forward(self.state, fed, positions,
                                    torch.arange(width, device=device) <= verify_len[:, None])
         t_target = time.perf_counter()
-        result = self._verify(step.logits, draft, verify_len, max(width - 1, 1))
+        result, finite = self._verify(step.logits, draft, verify_len, max(width - 1, 1))
+        # The second read: every count, token and flag the host needs of the round, in one copy.
+        decided = _RoundResults.read(result, finite, draft)
+        if not decided.finite:
+            raise ValueError("the target's logits or the draft distributions hold NaN or Inf values in this round")
         kept = result.num_accepted + 1  # x_0 and the accepted drafts now hold committed tokens
-        self.target.keep(self.state, width, kept)
+        longest = int(decided.num_accepted.max()) + 1
+        self.target.keep(self.state, width, kept, longest=longest)
         self.state.next_pos = self.state.next_pos + kept
         if draft is None:  # every request committed its anchor alone
             self.waiting.append((step.taps[:, :1].to(self.dtype), fed[:, :1]))
         else:
-            self.drafter.extend_cache(self.cache, step.taps[:, : int(kept.max())].to(self.dtype), kept,
-                                      token_ids=fed[:, : int(kept.max())])
+            # Counts it holds on the host: the drafter's cache grows without a wait for the device.
+            self.drafter.extend_cache(self.cache, step.taps[:, :longest].to(self.dtype), decided.num_accepted + 1,
+                                      token_ids=fed[:, :longest])
         t3 = time.perf_counter()
 
-        # The drafted block stays on its device: stats compare it there and copy back only γ - 1 counts.
-        self.stats.update(verify_len.cpu(), result.num_accepted.cpu(), result.num_committed.cpu(),
-                          None if draft is None else draft.tokens)
+        self.stats.update(verify_len_host, decided.num_accepted, decided.num_committed, decided.drafted)
         if self.record_rounds and draft is not None and draft.confidence_logits is not None:
             # Slots after an accepted EOS were never really verified: they leave the calibration data.
-            verified = torch.where(result.num_committed == result.num_accepted, result.num_accepted, verify_len)
-            self.rounds.append((draft.confidence_logits.cpu(), verified.cpu(), result.num_accepted.cpu()))
-        self.outputs.append(self.active, result.committed, result.num_committed)
+            verified = torch.where(decided.num_committed == decided.num_accepted, decided.num_accepted,
+                                   verify_len_host)
+            self.rounds.append((draft.confidence_logits.cpu(), verified, decided.num_accepted.clone()))
+        self.outputs.append(self.active, decided.committed, decided.num_committed)
         self.request_rounds[self.active] += 1
-        counts = result.num_committed.tolist()
+        counts = decided.num_committed.tolist()
         # After an accepted EOS there is no next token; the request is dropped before it is read.
         self.anchor = result.next_token.clamp(min=0)
         self._drop_finished()
@@ -531,19 +579,20 @@ class SpeculativeDecoder:
         return counts
 
     def _verify(self, logits: torch.Tensor, draft: DraftOutput | None, verify_len: torch.Tensor,
-                slots: int) -> VerifyOutput:
+                slots: int) -> tuple[VerifyOutput, torch.Tensor]:
         """Rejection-sample the round from the verify pass's ``logits [R, width, V]``; ``slots`` ≥ 1 drafted
-        slots are handed to the verifier (with ℓ = 0 everywhere only target row 0 is read)."""
+        slots are handed to the verifier (with ℓ = 0 everywhere only target row 0 is read). Returns the verdict and
+        a 0-dim bool on the device: whether every logit and draft probability it read was finite."""
         config, num, device = self.config, len(verify_len), verify_len.device
         if config.temperature == 0:  # one-hot distributions: verify_greedy returns what verify would, from argmaxes
             # max propagates NaN and finds +inf, so finite maxima mean every argmax is a real token.
             top, target_tokens = logits.max(-1)
-            check_tensor("the target's largest logits", top, finite=True)
             if target_tokens.shape[1] < slots + 1:
                 target_tokens = torch.cat([target_tokens, target_tokens[:, -1:]], 1)
             tokens = torch.zeros(num, slots, dtype=torch.long, device=device) if draft is None \
                 else draft.tokens[:, :slots]
-            return verify_greedy(tokens, target_tokens, verify_len, eos_token_id=self.eos)
+            return verify_greedy(tokens, target_tokens, verify_len, eos_token_id=self.eos), _finite(top)
+        finite = _finite(logits)
         target_probs = warp_logits(logits, config.temperature, config.top_k, config.top_p)
         if target_probs.shape[1] < slots + 1:
             target_probs = torch.cat([target_probs, target_probs[:, -1:]], 1)
@@ -552,9 +601,10 @@ class SpeculativeDecoder:
             tokens, draft_probs = torch.zeros(num, slots, dtype=torch.long, device=device), target_probs[:, :slots]
         else:
             tokens, draft_probs = draft.tokens[:, :slots], draft.draft_probs[:, :slots].to(dtype)
+            finite = finite & _finite(draft_probs)
         return verify(tokens, draft_probs, target_probs, verify_len,
                       self._uniforms(num, slots, dtype=dtype), self._uniforms(num, dtype=dtype),
-                      eos_token_id=self.eos, backend=self.backend)
+                      eos_token_id=self.eos, backend=self.backend), finite
 
     def run(self, progress: bool = False) -> GenerationResult:
         """Step until every request has finished; the result's time includes the prefill."""

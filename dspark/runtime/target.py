@@ -281,8 +281,11 @@ class TargetModel:
             return additive(windowed)
         return {kind: additive(windowed if kind == "sliding_attention" else full) for kind in self.mask_types}
 
-    def keep(self, state: TargetState, fed: int, keep: torch.Tensor) -> None:
+    def keep(self, state: TargetState, fed: int, keep: torch.Tensor, *, longest: int | None = None) -> None:
         """Of the last ``fed`` slots, keep the first ``keep[b]`` of request b valid; clear the rest.
+
+        ``longest`` is ``keep.max()`` when the caller knows it on the host (a decode loop that read the round's
+        results back); otherwise it is read from ``keep``, a wait for the device on a GPU.
 
         Slots that no request keeps are dropped from the cache's end. A verify pass feeds γ + 1 slots and a
         round keeps τ of them on average, so left in place as masked holes they would make the cache, its
@@ -292,7 +295,9 @@ class TargetModel:
         """
         slots = torch.arange(fed, device=state.valid.device)
         state.valid[:, -fed:] &= slots < keep[:, None].to(state.valid.device)
-        dropped = fed - int(keep.max()) if keep.numel() else 0
+        if longest is None:
+            longest = int(keep.max()) if keep.numel() else fed
+        dropped = fed - longest
         if dropped > 0 and self.sliding_window is None:
             state.cache.crop(-dropped)
             state.valid, state.slot_pos = state.valid[:, :-dropped], state.slot_pos[:, :-dropped]

@@ -1,0 +1,66 @@
+"""What a decode round asks of the host: the counting tool itself, trusted inputs, and the round's budget."""
+
+import pytest
+import torch
+
+from benchmarks.host_trace import HostTrace
+from dspark._checks import trusted_values
+from dspark.runtime.decoding import SamplingConfig, SpeculativeDecoder
+from dspark.scheduler import FixedLength
+from dspark.verify import verify
+from tests.e2e.conftest import drafter_for, tiny_target
+
+
+def test_the_trace_counts_reads_of_device_values_and_nothing_the_host_already_holds():
+    layer = torch.nn.Linear(4, 4)
+    with HostTrace([layer]) as trace:
+        on_device = layer(torch.ones(2, 4))  # computed from a parameter: device memory
+        on_host = torch.ones(3)
+        int(on_host.sum())
+        on_host.tolist()
+        float(on_device.sum().detach())  # item(): one wait
+        on_device.tolist()  # one more
+        on_device.cpu()  # and one more
+        on_device[on_device > 0]  # the output's size comes from device values: one more
+        moved = on_host.to(torch.device("cpu"))  # a copy to the device, not a wait
+        moved.tolist()  # reading it back is a wait
+        torch.zeros(2, device="cpu").sum().item()  # a factory told its device makes device memory
+    counts = trace.counts["other"]
+    assert counts["host_syncs"] == 6
+    assert counts["host_to_device"] == 1
+    assert counts["torch_ops"] >= 4  # the linear layer, the sums, the comparison and the masked read
+    assert sum(trace.sync_sites.values()) == 6
+
+
+def test_trusted_values_skip_the_checks_that_read_values_and_keep_those_of_shapes():
+    probs = torch.full((1, 2, 3), 1 / 3)
+    tokens = torch.zeros(1, 2, dtype=torch.long)
+    bad_uniforms = torch.full((1, 2), 2.0)  # outside [0, 1)
+    args = (tokens, probs, torch.full((1, 3, 3), 1 / 3), torch.tensor([2]), bad_uniforms, torch.zeros(1))
+    with pytest.raises(ValueError, match="uniform draws"):
+        verify(*args, backend="torch")
+    with trusted_values():
+        verify(*args, backend="torch")  # not read: the caller vouches for its draws
+        with pytest.raises(ValueError, match="shape"):
+            verify(tokens[:, :1], *args[1:], backend="torch")
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_round_waits_for_the_device_only_for_its_verify_lengths_and_its_results(temperature):
+    """On the PyTorch backend, a round of a running batch reads device values twice: the verify lengths (they size
+    the target's pass) and the round's results (one copy). The drafter's context cache grows from counts the host
+    holds, and the scheduler here sends every slot without reading anything."""
+    target = tiny_target(vocab=64)
+    drafter = drafter_for(target)
+    trace = HostTrace([target.model, drafter])
+    config = SamplingConfig(max_new_tokens=40, temperature=temperature, seed=1, eos_token_id=63)
+    with trace:
+        decoder = SpeculativeDecoder(target, drafter, config, scheduler=FixedLength(4), backend="torch")
+        decoder.start([[1, 2, 3], [4, 5, 6, 7]])
+        decoder.step()
+        trace.reset()
+        for _ in range(3):
+            decoder.step()
+    syncs = sum(counter["host_syncs"] for counter in trace.counts.values())
+    assert syncs == 2 * 3, trace.sync_sites
+
