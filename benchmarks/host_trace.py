@@ -54,20 +54,18 @@ class HostTrace(TorchDispatchMode):
     """Count launches, device operations and host synchronisations by phase; see the module docstring.
 
     ``phase(name)`` (a context manager) attributes what runs inside it to ``name`` (nested phases: the innermost);
-    outside any phase, work counts under ``"other"``. ``stub_kernels=True`` replaces every kernel launch by its
-    config selection alone, so the launchers' host work can be timed without running the kernels.
-    ``counts[phase]`` is a :class:`collections.Counter` of ``triton_launches``, ``torch_ops``, ``host_syncs`` and
-    ``host_to_device``, and of ``launch:<kernel>``; ``sync_sites`` counts where each synchronisation was asked for
-    (``file:line function``, the innermost frame in dspark or kernels code).
+    outside any phase, work counts under ``"other"`` (:func:`stubbed_launches` times the launchers' host work
+    without their kernels). ``counts[phase]`` is a :class:`collections.Counter` of ``triton_launches``,
+    ``torch_ops``, ``host_syncs`` and ``host_to_device``, and of ``launch:<kernel>``; ``sync_sites`` counts where
+    each synchronisation was asked for (``file:line function``, the innermost frame in dspark or kernels code).
     """
 
-    def __init__(self, device_modules: Iterable[torch.nn.Module] = (), *, stub_kernels: bool = False):
+    def __init__(self, device_modules: Iterable[torch.nn.Module] = ()):
         super().__init__()
         self.device = WeakTensorKeyDictionary()
         for module in device_modules:
             for tensor in (*module.parameters(), *module.buffers()):
                 self.device[tensor] = True
-        self.stub_kernels = stub_kernels
         self.counts: dict[str, Counter] = {}
         self.sync_sites: Counter = Counter()
         self._phases = ["other"]
@@ -242,10 +240,6 @@ class HostTrace(TorchDispatchMode):
         def counted(name, kernel, grid, args, constexprs, **options):
             trace._count("triton_launches")
             trace._count(f"launch:{name}")
-            if trace.stub_kernels:
-                _tuning.select_config(name, options["device"], options["table"], options.get("fits", lambda c: True),
-                                      options["key"], None)
-                return
             with trace.uncounted():
                 _tuning.launch(name, kernel, grid, args, constexprs, **options)
             # What a kernel writes is device memory.
@@ -264,8 +258,9 @@ def stubbed_launches():
     from dspark.kernels import _tuning
 
     def config_only(name, kernel, grid, args, constexprs, *, device, table, key, fits=lambda c: True,
-                    tunable=True):
-        _tuning.select_config(name, device, table, fits, key, None)
+                    tunable=True, config=None):
+        if config is None:
+            _tuning.select_config(name, device, table, fits, key, None)
 
     saved = []
     for module in KERNEL_MODULES:

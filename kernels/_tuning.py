@@ -78,16 +78,17 @@ def select_config(
 
 def launch(name: str, kernel, grid: tuple, args: tuple, constexprs: dict, *, device: torch.device,
            table: dict[str, list[dict]], key: tuple, fits: Callable[[dict], bool] = lambda c: True,
-           tunable: bool = True) -> None:
+           tunable: bool = True, config: dict | None = None) -> None:
     """``kernel[grid](*args, **constexprs, **config)`` with the config :func:`select_config` picks.
 
     ``tunable=False`` for kernels that overwrite their inputs (they cannot be launched repeatedly to time them)
-    and for launches that must share the first config with others.
+    and for launches that must share the first config with others; those pass the ``config`` they share, chosen
+    once per call rather than once per launch (a launcher's host time is what a small batch pays for).
     """
-    def run(config: dict) -> None:
-        kernel[grid](*args, **constexprs, **config)
+    def run(chosen: dict) -> None:
+        kernel[grid](*args, **constexprs, **chosen)
 
-    run(select_config(name, device, table, fits, key, run if tunable else None))
+    run(config if config is not None else select_config(name, device, table, fits, key, run if tunable else None))
 
 
 def shared_memory_bytes(device: torch.device) -> int:

@@ -311,7 +311,9 @@ def markov_sample_block(base_logits, hidden, anchor_ids, uniforms, weights, *, t
     block_r = min(MAX_BLOCK_R, max(16, next_power_of_2(num_requests)))
     # The four kernels of a slot must agree on the vocabulary tiling: each launch takes the same (first) config
     # of CONFIGS, and every kernel accepts all of its block sizes.
-    num_tiles = triton.cdiv(vocab, select_config("markov", device, CONFIGS, lambda c: True, (vocab, rank))["BLOCK_V"])
+    key = (vocab, rank, block_r)
+    config = select_config("markov", device, CONFIGS, lambda c: True, key)
+    num_tiles = triton.cdiv(vocab, config["BLOCK_V"])
     params = torch.tensor([temperature if not greedy else 1.0], dtype=out_dtype, device=device)
     prev = anchor_ids.to(torch.long).contiguous().clone()
     d2t = draft_to_target.contiguous() if draft_to_target is not None else prev
@@ -324,13 +326,12 @@ def markov_sample_block(base_logits, hidden, anchor_ids, uniforms, weights, *, t
     cutoff = torch.empty(num_requests, dtype=torch.long, device=device)
     shared = dict(HAS_MARKOV=has_markov, GREEDY=greedy, BLOCK_R=block_r, ACC=acc)
     tiled = (num_tiles, triton.cdiv(num_requests, block_r))
-    key = (vocab, rank, block_r)
     strides = (base_logits.stride(0), base_logits.stride(1), w1.stride(0), w2.stride(0))
     for k in range(gamma):
         launch("markov_stats", _stats_kernel, tiled,
                (base_logits, prev, w1, w2, params, probs, tile_max, tile_sum, tile_arg,
                 k, num_requests, vocab, rank, num_tiles, *strides, probs.stride(0), probs.stride(1)),
-               dict(shared, SCRATCH=scratch), device=device, table=CONFIGS, key=key, tunable=False)
+               dict(shared, SCRATCH=scratch), device=device, table=CONFIGS, key=key, tunable=False, config=config)
         launch("markov_normalize", _normalize_kernel, (num_requests,),
                (tile_max, tile_sum, tile_arg, probs, row, cutoff, tokens, prev, d2t, k, vocab, num_tiles,
                 top_k if use_top_k else 0, top_p_threshold(top_p) if use_top_p else 0,
@@ -338,18 +339,18 @@ def markov_sample_block(base_logits, hidden, anchor_ids, uniforms, weights, *, t
                dict(HAS_D2T=draft_to_target is not None, GREEDY=greedy, TOP_K=use_top_k, TOP_P=use_top_p,
                     KEY=tl.int64 if out_dtype == torch.float64 else tl.int32,
                     P_STEPS=62 if out_dtype == torch.float64 else 30, BLOCK_T=BLOCK_T, ACC=acc),
-               device=device, table=CONFIGS, key=key, tunable=False)
+               device=device, table=CONFIGS, key=key, tunable=False, config=config)
         launch("markov_probs", _probs_kernel, tiled,
                (base_logits, prev, w1, w2, params, probs, row, cutoff, tokens, mass, last,
                 k, num_requests, vocab, rank, num_tiles, *strides, probs.stride(0), probs.stride(1), tokens.stride(0)),
                dict(shared, SCRATCH=scratch, TOP_K=use_top_k, TOP_P=use_top_p,
                     KEY=tl.int64 if out_dtype == torch.float64 else tl.int32),
-               device=device, table=CONFIGS, key=key, tunable=False)
+               device=device, table=CONFIGS, key=key, tunable=False, config=config)
         if not greedy:
             launch("markov_draw", _draw_kernel, (num_requests,),
                    (probs, uniforms, mass, last, tokens, prev, d2t, k, vocab, num_tiles,
                     probs.stride(0), probs.stride(1), uniforms.stride(0), tokens.stride(0)),
                    dict(HAS_D2T=draft_to_target is not None, BLOCK_T=BLOCK_T, ACC=acc),
-                   device=device, table=CONFIGS, key=key, tunable=False)
+                   device=device, table=CONFIGS, key=key, tunable=False, config=config)
     return tokens, probs
 

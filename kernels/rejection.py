@@ -164,7 +164,8 @@ def verify(draft_tokens, draft_probs, target_probs, verify_len, accept_uniforms,
     finished = empty_output(num_requests, dtype=torch.int8, device=device)
     if num_requests:
         # The mass and draw kernels must agree on the vocabulary tiling: both take the same (first) config.
-        num_tiles = triton.cdiv(vocab, select_config("verify", device, CONFIGS, lambda c: True, (vocab,))["BLOCK_V"])
+        config = select_config("verify", device, CONFIGS, lambda c: True, (vocab,))
+        num_tiles = triton.cdiv(vocab, config["BLOCK_V"])
         acc = accumulator(draft_probs.dtype)
         eos = -1 if eos_token_id is None else int(eos_token_id)
         state = torch.empty(num_requests, 3, dtype=torch.long, device=device)
@@ -180,13 +181,13 @@ def verify(draft_tokens, draft_probs, target_probs, verify_len, accept_uniforms,
                device=device, table={"other": [dict(num_warps=1, num_stages=1)]}, key=(vocab,), tunable=False)
         launch("verify_mass", _mass_kernel, (num_tiles, num_requests),
                (draft_probs, target_probs, state, mass, last, gamma, vocab, num_tiles, *p_strides),
-               dict(ACC=acc), device=device, table=CONFIGS, key=(vocab,), tunable=False)
+               dict(ACC=acc), device=device, table=CONFIGS, key=(vocab,), tunable=False, config=config)
         launch("verify_draw", _draw_kernel, (num_requests,),
                (draft_probs, target_probs, state, mass, last, final_uniforms.contiguous(),
                 next_token, committed, num_committed, finished, gamma, vocab, eos, num_tiles, *p_strides,
                 committed.stride(0)),
                dict(HAS_EOS=eos_token_id is not None, RESIDUAL_EPS_FIXED=RESIDUAL_EPS_FIXED, BLOCK_T=BLOCK_T,
                     ACC=acc),
-               device=device, table=CONFIGS, key=(vocab,), tunable=False)
+               device=device, table=CONFIGS, key=(vocab,), tunable=False, config=config)
     return VerifyOutput(num_accepted, outcome, next_token, committed, num_committed, finished.bool())
 
