@@ -17,7 +17,7 @@ warm-up round): ``launches_per_round`` (Triton launches plus PyTorch operations 
 Then the launchers' host overhead: each fused op called alone at ``R`` = 1, 16, 64 with its kernels stubbed out
 (the launcher runs, picks its config, allocates, and returns without launching), median of ``--calls`` calls,
 microseconds per call, as a user calls it (its inputs' values checked) and as the decode loop does (trusted,
-:func:`dspark._checks.trusted_values`), side by side in one run. On a GPU Triton's own launch path (argument
+:func:`dspark.trusted_values`), side by side in one run. On a GPU Triton's own launch path (argument
 binding, cache lookup, driver call) adds to this, once per launch counted above.
 
     TRITON_INTERPRET=1 python benchmarks/bench_round_counts.py [--rounds 2] [--calls 200] [--tag before]
@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.environment import write_result  # noqa: E402
 from benchmarks.host_trace import HostTrace, stubbed_launches  # noqa: E402
-from dspark._checks import trusted_values  # noqa: E402
+from dspark import trusted_values  # noqa: E402
 
 REQUESTS = (1, 4, 16, 64)
 GAMMA = 7
@@ -171,7 +171,7 @@ def capture_round_calls(decoder) -> dict[str, tuple]:
 def launcher_overheads(target, drafter, calls: int) -> list[dict]:
     """Microseconds of host work per fused-op call with its kernels stubbed out, replaying the calls of a sampled
     round (T = 1, so every kernel of the samplers is on the path) at R = 1, 16, 64: as a user's call, which checks
-    its inputs' values, and as the decode loop calls it, inside :func:`dspark._checks.trusted_values`."""
+    its inputs' values, and as the decode loop calls it, inside :func:`dspark.trusted_values`."""
     rows = []
     os.environ["DSPARK_BACKEND"] = "triton"
     for requests in (1, 16, 64):

@@ -3,6 +3,7 @@
 ``import dspark`` never imports Triton and never touches a GPU driver; kernels load on first use.
 """
 
+from dspark._checks import trusted_values
 from dspark.attention import block_attention
 from dspark.backbone import BlockBackbone, ContextCache
 from dspark.backend import resolve_backend
@@ -59,6 +60,7 @@ __all__ = [
     "sample_block",
     "sample_from_probs",
     "teacher_forced_bias",
+    "trusted_values",
     "uniform_tap_layers",
     "warp_logits",
 ]

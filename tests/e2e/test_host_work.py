@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from benchmarks.host_trace import HostTrace
-from dspark._checks import trusted_values
+from dspark import trusted_values
 from dspark.runtime.decoding import SamplingConfig, SpeculativeDecoder
 from dspark.scheduler import FixedLength
 from dspark.verify import verify
