@@ -3,7 +3,7 @@ alone against DSpark.
 
 A closed loop of ``c`` clients: each sends a request and, when its last token arrives, its next one. The decoders
 serve it with continuous batching (``max_batch=c``): a finished request hands its place to the next prompt at the
-end of its round, so a request arrives when a place comes free (:class:`dspark.runtime.decoding.RequestTiming`).
+end of its round, so a request arrives when a place comes free (:class:`dspark.runtime.results.RequestTiming`).
 Held-out real prompts (math, code, chat interleaved), greedy, ``--max-new-tokens`` each, on the default target
 with the shipped drafter, in the demo's precision. DSpark runs Algorithm 1 (with the demo's back-off) on a
 verify-latency profile taken at batch ``c`` before that concurrency's runs, as an engine would at start-up.
@@ -35,9 +35,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.environment import write_result  # noqa: E402
 from dspark.demo import BACKOFF, load_demo_drafter, load_demo_target  # noqa: E402
-from dspark.runtime.decoding import GenerationResult, SamplingConfig, generate, speculative_generate  # noqa: E402
+from dspark.runtime.decoding import SamplingConfig, generate, speculative_generate  # noqa: E402
 from dspark.runtime.profiling import choose_few_row_layout  # noqa: E402
 from dspark.runtime.prompts import load_prompt_mix  # noqa: E402
+from dspark.runtime.results import GenerationResult  # noqa: E402
 from dspark.scheduler import PrefixScheduler  # noqa: E402
 
 MODES = ("target_only", "dspark")
