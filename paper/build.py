@@ -25,6 +25,7 @@ from paper.sections.limits import section_limits
 from paper.sections.scheduler import section_scheduler
 from paper.sections.speed import section_speed
 from paper.sections.sweeps import section_sweeps
+from paper.sections.system import section_system
 from paper.sections.training import section_training
 
 
@@ -41,7 +42,7 @@ def build() -> str:
     figures = PAPER / "figures"
     provenance = json.loads(PROVENANCE.read_text(encoding="utf-8")) if PROVENANCE.exists() else {"results": {}}
     for section in (section_acceptance, section_training, section_sweeps, section_calibration, section_scheduler,
-                    section_speed, section_limits):
+                    section_speed, section_system, section_limits):
         loaded.clear()
         if section is section_limits:
             section(out)

@@ -48,6 +48,9 @@ SOURCES = {
     "training_cuda_paper": LIBRARY + ["benchmarks/bench_training.py"],
     "training_cuda_recipe": LIBRARY + ["benchmarks/bench_training.py"],
     "round_cuda": LIBRARY + ["benchmarks/bench_round.py"],
+    "concurrency_cpu": LIBRARY + ["benchmarks/bench_concurrency.py"],
+    "long_context_cpu": LIBRARY + ["benchmarks/bench_long_context.py"],
+    "streaming_cpu": ["dspark/train", "benchmarks/bench_streaming.py"],
     "compile_matrix_triton3.9": ["kernels", "benchmarks/compile_matrix.py"],
     "compile_matrix_triton3.6": ["kernels", "benchmarks/compile_matrix.py"],
 }

@@ -1,4 +1,4 @@
-"""§7: limits: what did not reproduce, and why we think so."""
+"""§8: limits: what did not reproduce, and why we think so."""
 
 from __future__ import annotations
 
@@ -104,7 +104,7 @@ def weights_phrase(row: dict) -> str:
 
 
 def generalization_bullet(result: dict, decoded: dict | None = None) -> str:
-    """§7's bullet on how much better the drafters predict their training sequences than held-out ones, with a
+    """§8's bullet on how much better the drafters predict their training sequences than held-out ones, with a
     table of every drafter measured: the shipped one first, then its parent, its continuations and means of
     weights; ``decoded`` (``acceptance_candidates_cpu``) holds the decoding of a continuation that cleared three
     seeds' spread (:func:`decoded_sentence`)."""
@@ -321,7 +321,7 @@ def grown_sentence(general: dict | None) -> str:
 
 
 def section_limits(out: list[str]) -> None:
-    out.append("## 7. Limits: what did not reproduce, and why we think so\n")
+    out.append("## 8. Limits: what did not reproduce, and why we think so\n")
     acceptance, recipe, e2e = load("acceptance_cpu"), load("training_recipe"), load("e2e_cpu")
     general = load("generalization_cpu")
     if acceptance is not None and recipe is not None:
