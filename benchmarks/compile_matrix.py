@@ -56,7 +56,9 @@ def intercepted_launches(record: list):
     attention = importlib.import_module("dspark.kernels.attention")
     saved_smem = attention.shared_memory_bytes
 
-    def capture(name, kernel, grid, args, constexprs, *, device, table, key, fits=lambda c: True, tunable=True):
+    def capture(name, kernel, grid, args, constexprs, *, device, table, key, fits=lambda c: True, tunable=True,
+                config=None):
+        # Every config of the table is compiled, whichever one this launch would have run.
         record.append(dict(name=name, kernel=kernel, args=args, constexprs=constexprs, table=table, fits=fits))
 
     try:
