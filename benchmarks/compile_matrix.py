@@ -41,7 +41,8 @@ INSTRUCTIONS = {"wgmma": r"\bwgmma\.mma_async", "tcgen05": r"\btcgen05\.mma", "m
                 "tma": r"cp\.async\.bulk\.tensor"}
 # Kernels whose products run through tl.dot on bf16 at these shapes (given their constexprs): they must reach
 # the tensor cores. The Markov sampler's probs kernel reads top-k/top-p scratch instead of recomputing the bias,
-# and writes a one-hot when greedy.
+# and writes a one-hot when greedy; its one-launch slot kernel (R <= 4) multiplies 16-row tiles, which run on
+# mma.sync, as wgmma and tcgen05 need 64 rows.
 DOT_KERNELS = {"block_attention": lambda c: True, "block_attention_bwd_query": lambda c: True,
                "block_attention_bwd_context": lambda c: True, "markov_stats": lambda c: c["HAS_MARKOV"],
                "markov_probs": lambda c: c["HAS_MARKOV"] and not c["GREEDY"] and not c["SCRATCH"]}
@@ -107,9 +108,8 @@ def _paper_cases():
         attention._backward(q, torch.zeros(q.shape), torch.zeros(q.shape[:-1]), q, k_ctx, k_ctx, k_blk, k_blk,
                             torch.full((1, blocks), context), torch.ones(1, blocks, dtype=torch.bool), dim ** -0.5)
 
-    def markov_case(**sampling):
+    def markov_case(requests, **sampling):
         def run():
-            requests = 64
             weights = MarkovWeights("vanilla", torch.empty(vocab, rank, **bf16), torch.empty(vocab, rank, **bf16))
             markov.markov_sample_block(torch.empty(requests, gamma, vocab, **bf16), torch.empty(requests, gamma, 8),
                                        torch.zeros(requests, dtype=torch.long), torch.rand(requests, gamma),
@@ -149,9 +149,12 @@ def _paper_cases():
     return [("block_attention bf16 decode (R=64, ctx 4096)", attention_decode),
             ("block_attention bf16 decode, split context (R=1, ctx 4096)", attention_decode_split),
             ("block_attention bf16 backward (64 blocks, ctx 4096)", attention_backward),
-            ("markov T=1 (R=64)", markov_case(temperature=1.0)),
-            ("markov T=1 top-k top-p (R=64)", markov_case(temperature=1.0, top_k=20, top_p=0.9)),
-            ("markov greedy (R=64)", markov_case(temperature=0.0)),
+            ("markov T=1 (R=64)", markov_case(64, temperature=1.0)),
+            ("markov T=1 top-k top-p (R=64)", markov_case(64, temperature=1.0, top_k=20, top_p=0.9)),
+            ("markov greedy (R=64)", markov_case(64, temperature=0.0)),
+            # One request: a slot is one launch of the fused kernel (kernels/markov.py, FUSED_MAX_REQUESTS).
+            ("markov T=1 top-k top-p (R=1)", markov_case(1, temperature=1.0, top_k=20, top_p=0.9)),
+            ("markov greedy (R=1)", markov_case(1, temperature=0.0)),
             ("confidence (R=256)", confidence_case),
             ("rejection (R=256)", rejection_case),
             ("scheduler Algorithm 1 (R=256)", scheduler_case("greedy")),

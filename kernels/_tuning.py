@@ -24,8 +24,34 @@ import torch
 _chosen: dict[tuple, dict] = {}
 
 
+# Triton decides whether a kernel is interpreted when it is decorated, at import, from this variable; read it once
+# with them rather than on every launch.
+_INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
 def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    return _INTERPRETING
+
+
+_PLANS: dict[tuple, object] = {}
+_MAX_PLANS = 1024
+
+
+def planned(key: tuple, build: Callable[[], object]) -> object:
+    """A launcher's plan for ``key``: what it derives from a call's shapes, dtypes, device and options alone (launch
+    config, grids, constexprs, constant tensors), built by ``build()`` on the first call and reused after.
+
+    At a small batch a launcher's own Python is most of what a call costs the host; a plan leaves it the lookup,
+    the outputs and the launches. The launch config is chosen when the plan is built, so ``DSPARK_FORCE_CONFIG``
+    and ``DSPARK_AUTOTUNE`` take effect for shapes not seen before (as Triton's autotuner keeps its choice per
+    key). Plans hold no per-call state: scratch buffers stay allocated per call.
+    """
+    plan = _PLANS.get(key)
+    if plan is None:
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        plan = _PLANS[key] = build()
+    return plan
 
 
 def arch_of(device: torch.device) -> str:

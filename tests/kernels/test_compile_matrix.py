@@ -31,7 +31,7 @@ def matrix(tmp_path_factory):
 def test_every_kernel_has_cells_on_every_architecture(matrix):
     kernels = {r["kernel"] for r in matrix}
     assert kernels == {"block_attention", "block_attention_bwd_query", "block_attention_bwd_context",
-                       "markov_stats", "markov_normalize", "markov_probs", "markov_draw",
+                       "markov_stats", "markov_normalize", "markov_probs", "markov_draw", "markov_slot",
                        "confidence", "verify_accept", "verify_mass", "verify_draw", "scheduler", "dspark_loss"}
     for kernel in kernels:
         assert {r["arch"] for r in matrix if r["kernel"] == kernel} == set(TENSOR_CORES), kernel

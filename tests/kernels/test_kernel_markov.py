@@ -1,8 +1,11 @@
+from unittest import mock
+
 import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+import dspark.kernels.markov as markov_kernel
 from dspark.markov import sample_block
 from dspark.testing import assert_close_float64, assert_equal, assert_within_reference_error, random_markov_weights
 from tests.kernels.conftest import DEVICE
@@ -40,10 +43,16 @@ def _to(args, dtype):
             None if d2t is None else d2t.to(DEVICE))
 
 
+def _path(fused: bool):
+    """Run the Triton sampler on its one-launch-per-slot path (small batches) or its four-launch path."""
+    return mock.patch.object(markov_kernel, "FUSED_MAX_REQUESTS", 64 if fused else 0)
+
+
 @given(head=st.sampled_from(["vanilla", "none"]), requests=st.integers(1, 3), gamma=st.integers(1, 15),
        vocab=st.integers(4, 37), sampling=st.sampled_from(SAMPLING), reduced=st.booleans(),
-       scale=st.sampled_from(sorted(LOGIT_SCALES)), boundary=st.booleans(), seed=st.integers(0, 2**31))
-def test_markov_kernel_matches_reference(head, requests, gamma, vocab, sampling, reduced, scale, boundary, seed):
+       scale=st.sampled_from(sorted(LOGIT_SCALES)), boundary=st.booleans(), fused=st.booleans(),
+       seed=st.integers(0, 2**31))
+def test_markov_kernel_matches_reference(head, requests, gamma, vocab, sampling, reduced, scale, boundary, fused, seed):
     temperature, top_k, top_p = sampling
     kw = dict(temperature=temperature, top_k=top_k, top_p=top_p)
     args = _inputs(head, requests, gamma, vocab, seed, reduced, LOGIT_SCALES[scale], boundary)
@@ -51,20 +60,23 @@ def test_markov_kernel_matches_reference(head, requests, gamma, vocab, sampling,
     want_tokens, want_probs = sample_block(base, hidden, anchors, uniforms, weights, draft_to_target=d2t,
                                            backend="reference", **kw)
     b, h, a, u, w, m = _to(args, torch.float64)
-    tokens, probs = sample_block(b, h, a, u, w, draft_to_target=m, backend="triton", **kw)
+    with _path(fused):
+        tokens, probs = sample_block(b, h, a, u, w, draft_to_target=m, backend="triton", **kw)
     assert_equal(tokens, want_tokens)
     assert_close_float64(probs, want_probs, name="draft_probs")
     # fp32: probabilities within 2x of PyTorch's own fp32 error; tokens equal to PyTorch's fp32 draw.
     b, h, a, u, w, m = _to(args, torch.float32)
-    tokens32, probs32 = sample_block(b, h, a, u, w, draft_to_target=m, backend="triton", **kw)
+    with _path(fused):
+        tokens32, probs32 = sample_block(b, h, a, u, w, draft_to_target=m, backend="triton", **kw)
     torch_tokens, torch_probs = sample_block(b, h, a, u, w, draft_to_target=m, backend="torch", **kw)
     assert_equal(tokens32, torch_tokens, name="fp32 tokens")
     assert_within_reference_error(probs32, torch_probs, want_probs, name="fp32 draft_probs")
 
 
 @given(requests=st.integers(1, 3), gamma=st.integers(1, 15), vocab=st.integers(4, 300),
-       rank=st.sampled_from([1, 8, 32]), sampling=st.sampled_from(SAMPLING), seed=st.integers(0, 2**31))
-def test_markov_kernel_in_bf16_matches_the_pytorch_bf16_path(requests, gamma, vocab, rank, sampling, seed):
+       rank=st.sampled_from([1, 8, 32]), sampling=st.sampled_from(SAMPLING), fused=st.booleans(),
+       seed=st.integers(0, 2**31))
+def test_markov_kernel_in_bf16_matches_the_pytorch_bf16_path(requests, gamma, vocab, rank, sampling, fused, seed):
     """bf16 inputs: both paths compute in fp32 from the same bf16 values (a product of two bf16 numbers is exact in
     fp32), so tokens are equal and probabilities differ only by the order of fp32 sums: 1e-5 relative, 1e-6
     absolute, against the O(1) differences a wrong bias product gives (it once drew one token in every slot)."""
@@ -77,7 +89,8 @@ def test_markov_kernel_in_bf16_matches_the_pytorch_bf16_path(requests, gamma, vo
     anchors = torch.randint(0, vocab, (requests,), generator=gen).to(DEVICE)
     uniforms = torch.rand(requests, gamma, generator=gen).to(DEVICE)
     kw = dict(temperature=temperature, top_k=top_k, top_p=top_p)
-    tokens, probs = sample_block(base, hidden, anchors, uniforms, weights, backend="triton", **kw)
+    with _path(fused):
+        tokens, probs = sample_block(base, hidden, anchors, uniforms, weights, backend="triton", **kw)
     want_tokens, want_probs = sample_block(base, hidden, anchors, uniforms, weights, backend="torch", **kw)
     assert_equal(tokens, want_tokens, name="bf16 tokens")
     torch.testing.assert_close(probs, want_probs, rtol=1e-5, atol=1e-6)

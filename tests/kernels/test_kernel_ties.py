@@ -1,9 +1,12 @@
 """Exact inverse-CDF boundaries: every tier of every sampler draws the same token (the fixed-point rule of
 ``dspark.sampling``), pinned to the index the rule defines."""
 
+from unittest import mock
+
 import pytest
 import torch
 
+import dspark.kernels.markov as markov_kernel
 from dspark.markov import sample_block
 from dspark.testing import assert_equal, random_markov_weights
 from dspark.verify import verify
@@ -17,6 +20,7 @@ def _on(backend, tensor):
     return tensor if backend == "reference" else tensor.to(DEVICE)
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["one-launch-slots", "four-launch-slots"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("head, top_p, u, expected", [
     ("none", None, 0.25, 250), ("vanilla", None, 0.25, 250), ("none", None, 0.5, 500), ("vanilla", None, 0.5, 500),
@@ -24,8 +28,9 @@ def _on(backend, tensor):
     # as the search runs after the bias, and the interpreter runs its passes slowly.
     ("none", 0.5, 0.75, 750),
 ])
-def test_markov_sampler_ties_on_flat_logits(dtype, head, top_p, u, expected):
-    """Flat logits over V = 1000 (a Markov head with W2 = 0 keeps them flat): u · total is a cumulative mass."""
+def test_markov_sampler_ties_on_flat_logits(dtype, head, top_p, u, expected, fused):
+    """Flat logits over V = 1000 (a Markov head with W2 = 0 keeps them flat): u · total is a cumulative mass. The
+    Triton sampler's two paths (one launch per slot for small batches, four otherwise) both draw it."""
     weights = None
     if head == "vanilla":
         weights = random_markov_weights("vanilla", VOCAB, VOCAB, 4, 3, seed=0)
@@ -35,9 +40,10 @@ def test_markov_sampler_ties_on_flat_logits(dtype, head, top_p, u, expected):
     anchors = torch.tensor([3])
     for backend in BACKENDS:
         w = None if weights is None else weights._replace(w1=_on(backend, weights.w1), w2=_on(backend, weights.w2))
-        tokens, _ = sample_block(_on(backend, base), _on(backend, torch.zeros(1, 2, 3, dtype=dtype)),
-                                 _on(backend, anchors), _on(backend, uniforms), w, temperature=1.0, top_p=top_p,
-                                 backend=backend)
+        with mock.patch.object(markov_kernel, "FUSED_MAX_REQUESTS", 64 if fused else 0):
+            tokens, _ = sample_block(_on(backend, base), _on(backend, torch.zeros(1, 2, 3, dtype=dtype)),
+                                     _on(backend, anchors), _on(backend, uniforms), w, temperature=1.0, top_p=top_p,
+                                     backend=backend)
         assert_equal(tokens.cpu(), torch.full((1, 2), expected), name=f"{backend} tokens")
 
 
