@@ -60,6 +60,42 @@ def trusted_values():
         _TRUSTED.reset(token)
 
 
+_PASSED: set = set()  # (check, inputs' signature) pairs that passed with values trusted
+_MAX_PASSED = 4096
+
+
+def check_once(check, *args) -> None:
+    """``check(*args)``, run once per signature of its inputs while values are trusted.
+
+    Within :func:`trusted_values` a check reads only shapes, dtypes, devices and plain arguments, so its verdict
+    is a function of them: the first call with a given signature runs it, later ones look the signature up (a
+    few hundred nanoseconds against microseconds of Python checks on every call of a decode loop); so ``check``
+    must read of its tensors only shapes and dtypes, and values only where :func:`values_checked`. Outside it,
+    and while ``torch.compile`` traces, the check always runs. Plain arguments must be hashable values (ints,
+    floats, strings, None, tuples of them); an object compared by identity would be wrongly remembered.
+    """
+    if not _TRUSTED.get() or torch.compiler.is_compiling():
+        check(*args)
+        return
+    key = (check, *map(_signature, args))
+    if key in _PASSED:
+        return
+    check(*args)
+    if len(_PASSED) >= _MAX_PASSED:
+        _PASSED.clear()
+    _PASSED.add(key)
+
+
+def _signature(value: object) -> object:
+    """What a check may read of a value when values are trusted: a tensor's shape and dtype (no check reads
+    devices); a tuple's (named tuples of weights included) element by element; anything else as itself."""
+    if isinstance(value, torch.Tensor):
+        return value.shape, value.dtype
+    if isinstance(value, tuple):
+        return type(value), tuple(_signature(v) for v in value)
+    return value
+
+
 def values_checked() -> bool:
     """Whether checks that read tensor values run: not inside :func:`trusted_values`, and not while
     ``torch.compile`` traces, where reading a value would split the graph at every check (shapes and dtypes are

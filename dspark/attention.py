@@ -15,7 +15,7 @@ import math
 import torch
 from einops import rearrange
 
-from dspark._checks import check_range, check_tensor
+from dspark._checks import check_once, check_range, check_tensor
 from dspark.backend import resolve_backend
 
 
@@ -45,20 +45,20 @@ def block_attention(
     Returns:
         ``[B, N, γ, Hq, D]`` in the dtype of ``q``. GQA: query head h reads kv head ``h // (Hq/Hkv)``.
     """
-    _check_inputs(q, k_ctx, v_ctx, k_blk, v_blk, ctx_len, block_valid)
-    if block_valid is None:
-        block_valid = torch.ones(ctx_len.shape, dtype=torch.bool, device=q.device)
+    check_once(_check_inputs, q, k_ctx, v_ctx, k_blk, v_blk, ctx_len, block_valid)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     backend = resolve_backend(backend, q)
-    if backend == "reference":
-        from dspark.reference.attention import block_attention as reference_block_attention
-
-        return reference_block_attention(q, k_ctx, v_ctx, k_blk, v_blk, ctx_len, block_valid, scale)
     if backend == "triton":
         from dspark.kernels import block_attention as triton_block_attention
 
         return triton_block_attention(q, k_ctx, v_ctx, k_blk, v_blk, ctx_len, block_valid, scale)
+    if block_valid is None:
+        block_valid = torch.ones(ctx_len.shape, dtype=torch.bool, device=q.device)
+    if backend == "reference":
+        from dspark.reference.attention import block_attention as reference_block_attention
+
+        return reference_block_attention(q, k_ctx, v_ctx, k_blk, v_blk, ctx_len, block_valid, scale)
     return _block_attention_torch(q, k_ctx, v_ctx, k_blk, v_blk, ctx_len, block_valid, scale)
 
 

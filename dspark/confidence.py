@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dspark._checks import check_tensor, check_token_range, values_checked
+from dspark._checks import check_once, check_tensor, check_token_range, values_checked
 from dspark.backend import resolve_backend
 from dspark.linear import Linear
 
@@ -63,6 +63,28 @@ def confidence_survival(
         ``(logits [R, γ], confidence [R, γ] = σ(logits / T), survival [R, γ] = cumprod(confidence))``, in
         float32 for half-precision inputs (every backend accumulates in float32), float64 for float64 ones.
     """
+    check_once(_check_inputs, hidden, weight, bias, prev_ids, markov_w1, temperatures)
+    rank = weight.shape[1] - hidden.shape[2]
+    backend = resolve_backend(backend, hidden)
+    if backend == "reference":
+        from dspark.reference.confidence import confidence_survival as reference_confidence_survival
+
+        return reference_confidence_survival(hidden, weight, bias, prev_ids, markov_w1, temperatures)
+    if backend == "triton":
+        from dspark.kernels import confidence_survival as triton_confidence_survival
+
+        return triton_confidence_survival(hidden, weight, bias, prev_ids, markov_w1, temperatures)
+    compute = torch.promote_types(hidden.dtype, torch.float32)  # the kernel's accumulation, and its output dtype
+    features = hidden if rank == 0 else torch.cat([hidden, markov_w1[prev_ids].to(hidden.dtype)], -1)
+    logits = (features.to(compute) @ weight.to(compute).T).squeeze(-1)
+    if bias is not None:
+        logits = logits + bias.to(compute)
+    scaled = logits if temperatures is None else logits / temperatures
+    confidence = torch.sigmoid(scaled)
+    return logits, confidence, confidence.cumprod(-1)
+
+
+def _check_inputs(hidden, weight, bias, prev_ids, markov_w1, temperatures) -> None:
     check_tensor("hidden", hidden, ndim=3, floating=True, finite=True)
     num_requests, gamma, hidden_size = hidden.shape
     check_tensor("weight", weight, ndim=2, floating=True)
@@ -83,23 +105,6 @@ def confidence_survival(
         check_tensor("temperatures", temperatures, shape=(gamma,), floating=True, finite=True)
         if values_checked() and bool((temperatures <= 0).any()):
             raise ValueError("temperatures must be positive")
-    backend = resolve_backend(backend, hidden)
-    if backend == "reference":
-        from dspark.reference.confidence import confidence_survival as reference_confidence_survival
-
-        return reference_confidence_survival(hidden, weight, bias, prev_ids, markov_w1, temperatures)
-    if backend == "triton":
-        from dspark.kernels import confidence_survival as triton_confidence_survival
-
-        return triton_confidence_survival(hidden, weight, bias, prev_ids, markov_w1, temperatures)
-    compute = torch.promote_types(hidden.dtype, torch.float32)  # the kernel's accumulation, and its output dtype
-    features = hidden if rank == 0 else torch.cat([hidden, markov_w1[prev_ids].to(hidden.dtype)], -1)
-    logits = (features.to(compute) @ weight.to(compute).T).squeeze(-1)
-    if bias is not None:
-        logits = logits + bias.to(compute)
-    scaled = logits if temperatures is None else logits / temperatures
-    confidence = torch.sigmoid(scaled)
-    return logits, confidence, confidence.cumprod(-1)
 
 
 class ConfidenceHead(nn.Module):

@@ -16,7 +16,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from dspark._checks import check_sampling, check_tensor, check_token_range, check_uniforms
+from dspark._checks import check_once, check_sampling, check_tensor, check_token_range, check_uniforms
 from dspark.backend import resolve_backend
 from dspark.config import MARKOV_HEAD_TYPES
 from dspark.linear import Linear
@@ -151,8 +151,8 @@ def sample_block(
         ``(tokens [R, γ] int64 in the draft vocabulary, draft_probs [R, γ, V_draft])``: the distribution
         each token was actually drawn from, which the verifier needs.
     """
-    _check_sample_block_inputs(base_logits, hidden, anchor_ids, uniforms, weights, draft_to_target)
-    check_sampling(temperature, top_k, top_p, base_logits.shape[-1])
+    check_once(_check_sample_block_inputs, base_logits, hidden, anchor_ids, uniforms, weights, draft_to_target,
+               temperature, top_k, top_p)
     explicit = backend == "triton"
     backend = resolve_backend(backend, base_logits)
     if backend == "triton" and not explicit and weights is not None and weights.head_type != "vanilla":
@@ -294,9 +294,11 @@ def _check_weights(weights: MarkovWeights, hidden_size: int) -> None:
         check_tensor("joint_bias", weights.joint_bias, shape=(3 * rank,), floating=True)
 
 
-def _check_sample_block_inputs(base_logits, hidden, anchor_ids, uniforms, weights, draft_to_target) -> None:
+def _check_sample_block_inputs(base_logits, hidden, anchor_ids, uniforms, weights, draft_to_target, temperature,
+                               top_k, top_p) -> None:
     check_tensor("base_logits", base_logits, ndim=3, floating=True, finite=True)
     num_requests, gamma, draft_vocab = base_logits.shape
+    check_sampling(temperature, top_k, top_p, draft_vocab)
     check_tensor("hidden", hidden, shape=(num_requests, gamma, None), floating=True, finite=True)
     check_tensor("anchor_ids", anchor_ids, shape=(num_requests,), integer=True)
     check_tensor("uniforms", uniforms, shape=(num_requests, gamma), floating=True)

@@ -23,11 +23,11 @@ import statistics
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from dspark._checks import check_tensor, values_checked
+from dspark._checks import check_once, check_tensor, values_checked
 from dspark.backend import resolve_backend
 
 
@@ -40,6 +40,14 @@ class SPSTable:
     """
 
     sps: torch.Tensor
+    _copies: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def on(self, device: torch.device) -> torch.Tensor:
+        """``sps`` on ``device``, copied there once: a decode loop's scheduler reads the table every round."""
+        copy = self._copies.get(device)
+        if copy is None:
+            copy = self._copies[device] = self.sps.to(device)
+        return copy
 
     def __post_init__(self) -> None:
         self.sps = torch.as_tensor(self.sps, dtype=torch.float64).cpu()
@@ -200,7 +208,7 @@ def schedule_greedy(
     Returns:
         ``[R]`` int64 verify lengths, each in ``[min(min_len, valid_len), min(valid_len, max_len)]``.
     """
-    _check_schedule_inputs(confidence, valid_len, min_len, max_len, base_tokens)
+    check_once(_check_schedule_inputs, confidence, valid_len, min_len, max_len, base_tokens)
     if not isinstance(sps, SPSTable):
         raise ValueError(f"sps must be an SPSTable (SPSTable.from_latencies, .linear, .roofline or profile_sps), "
                          f"got {type(sps).__name__}")

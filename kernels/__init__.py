@@ -26,7 +26,9 @@ __all__ = sorted(_LAUNCHERS)
 def __getattr__(name):
     if name not in _LAUNCHERS:
         raise AttributeError(f"module 'dspark.kernels' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"dspark.kernels.{_LAUNCHERS[name]}"), name)
+    launcher = getattr(importlib.import_module(f"dspark.kernels.{_LAUNCHERS[name]}"), name)
+    globals()[name] = launcher  # later lookups find it without this hook (each public op's call does one)
+    return launcher
 
 
 def _hand_over_the_bare_name() -> None:

@@ -29,6 +29,8 @@ dtype first), with fp32 accumulation.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -38,6 +40,8 @@ from dspark.kernels._tuning import (
     interpreting,
     launch,
     next_power_of_2,
+    planned,
+    select_config,
     shared_memory_bytes,
 )
 
@@ -360,45 +364,88 @@ def _forward(q, k_ctx, v_ctx, k_blk, v_blk, ctx_len, block_valid, scale, with_ls
     """The output ``[B, N, γ, Hq, D]``; with ``with_lse`` also each row's log-sum-exp ``[B, N, γ, Hq]`` and the
     output in the accumulator's precision (else those two are placeholders). ``num_splits`` splits each
     block's context among that many programs (default: :func:`_split_count`; always 1 with ``with_lse``)."""
+    # The kernel takes any strides with unit steps along the head dimension, the same for K as for V: a decode's
+    # context is a view of its cache's first rows, which a copy would cost a pass over every call.
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    k_ctx, v_ctx = _same_layout(k_ctx, v_ctx)
+    k_blk, v_blk = _same_layout(k_blk, v_blk)
+    key = ("block_attention", q.shape, k_ctx.shape, q.dtype, q.device, with_lse, num_splits, scale)
+    plan = planned(key, lambda: _forward_plan(q, k_ctx, scale, with_lse, num_splits))
+    out = empty_output(*q.shape, dtype=plan.store_dtype, device=q.device)
+    lse = empty_output(*q.shape[:-1], dtype=plan.acc_dtype, device=q.device) if with_lse else out
+    # Δ = rowsum(dO ∘ O) in the backward cancels to fp32 accuracy only from an O that was never rounded to bf16.
+    out_acc = empty_output(*q.shape, dtype=plan.acc_dtype, device=q.device) if with_lse else out
+    if q.numel() == 0:
+        return out.to(q.dtype), lse, out_acc
+    parts = stats = out
+    if plan.num_splits > 1:
+        parts = empty_output(plan.num_splits, *q.shape, dtype=plan.acc_dtype, device=q.device)
+        stats = empty_output(plan.num_splits, *q.shape[:-1], 2, dtype=plan.acc_dtype, device=q.device)
+    # The kernel reads a bool tensor as bytes, as it does an int8 one; None: every block is valid.
+    valid = plan.all_valid if block_valid is None else block_valid.contiguous()
+    launch("block_attention", _block_attention_kernel, plan.grid,
+           (q, k_ctx, v_ctx, k_blk, v_blk, ctx_len.contiguous(), valid, plan.scale, out, lse, out_acc, parts, stats,
+            *plan.sizes, *q.stride()[:4], *k_ctx.stride()[:3], *k_blk.stride()[:4], *plan.out_strides),
+           plan.constexprs, device=q.device, table=CONFIGS, key=None, config=plan.config)
+    if plan.num_splits > 1:
+        return _combine_splits(parts, stats, valid).to(q.dtype), lse, out_acc
+    return out.to(q.dtype), lse, out_acc
+
+
+class _ForwardPlan(NamedTuple):
+    """What a forward call derives from its shapes, dtype and options (see ``dspark.kernels._tuning.planned``)."""
+
+    config: dict
+    constexprs: dict
+    grid: tuple
+    num_splits: int
+    sizes: tuple
+    out_strides: tuple
+    scale: torch.Tensor
+    store_dtype: torch.dtype
+    acc_dtype: torch.dtype
+    all_valid: torch.Tensor
+
+
+def _forward_plan(q, k_ctx, scale, with_lse, num_splits) -> _ForwardPlan:
     batch, num_blocks, gamma, num_heads, head_dim = q.shape
     context, num_kv = k_ctx.shape[1], k_ctx.shape[2]
     group = num_heads // num_kv
-    q, k_blk, v_blk = q.contiguous(), k_blk.contiguous(), v_blk.contiguous()
-    k_ctx, v_ctx = k_ctx.contiguous(), v_ctx.contiguous()
     acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-    out = empty_output(*q.shape, dtype=_store_dtype(q.dtype), device=q.device)
-    lse = empty_output(*q.shape[:-1], dtype=acc_dtype, device=q.device) if with_lse else out
-    # Δ = rowsum(dO ∘ O) in the backward cancels to fp32 accuracy only from an O that was never rounded to bf16.
-    out_acc = empty_output(*q.shape, dtype=acc_dtype, device=q.device) if with_lse else out
-    if q.numel() == 0:
-        return out.to(q.dtype), lse, out_acc
     if with_lse:
         num_splits = 1
     elif num_splits is None:
         num_splits = _split_count(q.device, batch * num_blocks * num_kv, context)
     num_splits = max(1, min(num_splits, context))
-    split_len = triton.cdiv(max(context, 1), num_splits)
-    parts = stats = out
-    if num_splits > 1:
-        parts = empty_output(num_splits, *q.shape, dtype=acc_dtype, device=q.device)
-        stats = empty_output(num_splits, *q.shape[:-1], 2, dtype=acc_dtype, device=q.device)
-    scale_t = torch.tensor([scale], dtype=acc_dtype, device=q.device)
     tiles = _tiles(q, gamma, group, head_dim)
-    valid = block_valid.to(torch.int8).contiguous()
-    args = (
-        q, k_ctx, v_ctx, k_blk, v_blk, ctx_len.contiguous(), valid, scale_t, out,
-        lse, out_acc, parts, stats, num_blocks, gamma, group, head_dim, split_len,
-        q.stride(0), q.stride(1), q.stride(2), q.stride(3),
-        k_ctx.stride(0), k_ctx.stride(1), k_ctx.stride(2),
-        k_blk.stride(0), k_blk.stride(1), k_blk.stride(2), k_blk.stride(3),
-        out.stride(0), out.stride(1), out.stride(2), out.stride(3),
-    )
     constexprs = dict(BLOCK_J=max(16, next_power_of_2(gamma)), STORE_LSE=with_lse, SPLIT=num_splits > 1, **tiles)
-    launch("block_attention", _block_attention_kernel, (batch * num_blocks, num_kv, num_splits), args, constexprs,
-           device=q.device, table=CONFIGS, key=(gamma * group, head_dim), fits=_fits(q, tiles, 2))
-    if num_splits > 1:
-        return _combine_splits(parts, stats, valid).to(q.dtype), lse, out_acc
-    return out.to(q.dtype), lse, out_acc
+    kernel_key = (gamma * group, head_dim)
+    fits = _fits(q, tiles, 2)
+    grid = (batch * num_blocks, num_kv, num_splits)
+    return _ForwardPlan(
+        config=select_config("block_attention", q.device, CONFIGS, fits, kernel_key),
+        constexprs=constexprs, grid=grid, num_splits=num_splits,
+        sizes=(num_blocks, gamma, group, head_dim, triton.cdiv(max(context, 1), num_splits)),
+        out_strides=_contiguous_strides(q.shape)[:4],  # the outputs are allocated contiguous
+        scale=torch.tensor([scale], dtype=acc_dtype, device=q.device), store_dtype=_store_dtype(q.dtype),
+        acc_dtype=acc_dtype, all_valid=torch.ones(batch, num_blocks, dtype=torch.bool, device=q.device),
+    )
+
+
+def _same_layout(keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys and values as they are when they share strides with unit steps along the head dimension (the kernel
+    reads both with one set), else contiguous copies."""
+    if keys.stride() == values.stride() and keys.stride(-1) == 1:
+        return keys, values
+    return keys.contiguous(), values.contiguous()
+
+
+def _contiguous_strides(shape) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= size
+    return tuple(reversed(strides))
 
 
 def _split_count(device: torch.device, programs: int, context: int) -> int:
@@ -478,5 +525,10 @@ class BlockAttentionFunction(torch.autograd.Function):
 
 
 def block_attention(q, k_ctx, v_ctx, k_blk, v_blk, ctx_len, block_valid, scale):
-    """Triton launcher with the signature of ``dspark.attention.block_attention`` (inputs validated there)."""
-    return BlockAttentionFunction.apply(q, k_ctx, v_ctx, k_blk, v_blk, ctx_len, block_valid, scale)
+    """Triton launcher with the signature of ``dspark.attention.block_attention`` (inputs validated there;
+    ``block_valid=None``: every block is valid)."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k_ctx, v_ctx, k_blk, v_blk)):
+        if block_valid is None:
+            block_valid = torch.ones(ctx_len.shape, dtype=torch.bool, device=q.device)
+        return BlockAttentionFunction.apply(q, k_ctx, v_ctx, k_blk, v_blk, ctx_len, block_valid, scale)
+    return _forward(q, k_ctx, v_ctx, k_blk, v_blk, ctx_len, block_valid, scale)[0]  # no graph to record: decoding

@@ -6,10 +6,12 @@ carrying the survival product in a register.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
-from dspark.kernels._tuning import accumulator, empty_output, launch, next_power_of_2
+from dspark.kernels._tuning import accumulator, empty_output, launch, next_power_of_2, planned, select_config
 
 CONFIGS = {
     "interpreter": [dict(BLOCK_D=16, num_warps=1, num_stages=1)],
@@ -66,25 +68,37 @@ def _confidence_survival_kernel(
 def confidence_survival(hidden, weight, bias, prev_ids, markov_w1, temperatures):
     """Triton launcher with the signature of ``dspark.confidence.confidence_survival`` (inputs validated there)."""
     num_requests, gamma, hidden_size = hidden.shape
+    device = hidden.device
     rank = weight.shape[1] - hidden_size
-    out_dtype = torch.float64 if hidden.dtype == torch.float64 else torch.float32
-    hidden = hidden.contiguous()
-    weight = weight.contiguous()
-    outs = [empty_output(num_requests, gamma, dtype=out_dtype, device=hidden.device) for _ in range(3)]
+    key = ("confidence", hidden.dtype, device, gamma, hidden_size, rank, bias is not None, temperatures is not None)
+    plan = planned(key, lambda: _plan(hidden.dtype, device, hidden_size, rank, bias is not None,
+                                      temperatures is not None))
+    outs = [empty_output(num_requests, gamma, dtype=plan.out_dtype, device=device) for _ in range(3)]
     if num_requests == 0:
         return tuple(outs)
-    has_markov = rank > 0
-    w1 = markov_w1.contiguous() if has_markov else weight
-    prev = prev_ids.contiguous() if has_markov else outs[0]
-    args = (
-        hidden, weight, bias if bias is not None else weight, prev, w1,
-        temperatures.contiguous() if temperatures is not None else weight,
-        *outs,
-        gamma, hidden_size, rank,
-        hidden.stride(0), hidden.stride(1), w1.stride(0), prev.stride(0), prev.stride(1), outs[0].stride(0),
-    )
-    constexprs = dict(HAS_BIAS=bias is not None, HAS_MARKOV=has_markov, HAS_TEMPERATURE=temperatures is not None,
-                      BLOCK_R=next_power_of_2(max(rank, 1)), ACC=accumulator(hidden.dtype))
-    launch("confidence", _confidence_survival_kernel, (num_requests,), args, constexprs, device=hidden.device,
-           table=CONFIGS, key=(hidden_size, rank))
+    hidden, weight = hidden.contiguous(), weight.contiguous()
+    w1 = markov_w1.contiguous() if rank else weight
+    prev = prev_ids.contiguous() if rank else outs[0]
+    launch("confidence", _confidence_survival_kernel, (num_requests,),
+           (hidden, weight, bias if bias is not None else weight, prev, w1,
+            temperatures.contiguous() if temperatures is not None else weight, *outs, gamma, hidden_size, rank,
+            hidden.stride(0), hidden.stride(1), w1.stride(0), prev.stride(0), prev.stride(1), gamma),
+           plan.constexprs, device=device, table=CONFIGS, key=None, config=plan.config)
     return tuple(outs)
+
+
+class _Plan(NamedTuple):
+    """What a call derives from its shapes and dtypes (see ``dspark.kernels._tuning.planned``)."""
+
+    out_dtype: torch.dtype
+    constexprs: dict
+    config: dict
+
+
+def _plan(dtype, device, hidden_size, rank, has_bias, has_temperature) -> _Plan:
+    return _Plan(
+        out_dtype=torch.float64 if dtype == torch.float64 else torch.float32,
+        constexprs=dict(HAS_BIAS=has_bias, HAS_MARKOV=rank > 0, HAS_TEMPERATURE=has_temperature,
+                        BLOCK_R=next_power_of_2(max(rank, 1)), ACC=accumulator(dtype)),
+        config=select_config("confidence", device, CONFIGS, lambda c: True, (hidden_size, rank)),
+    )

@@ -18,12 +18,12 @@ of its candidates that rank strictly before it.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
-from dspark.kernels._tuning import empty_output, launch, next_power_of_2
-
-from dspark.scheduler import check_schedule_capacity
+from dspark.kernels._tuning import empty_output, launch, next_power_of_2, planned, select_config
 
 MODE_EARLY_STOP, MODE_ARGMAX, MODE_TOP_K = 0, 1, 2
 
@@ -121,9 +121,10 @@ def _max_combine(a, b):
 
 @triton.jit
 def _schedule_kernel(
-    conf_ptr, lo_ptr, hi_ptr, sps_ptr, out_ptr,
-    num_requests, gamma, base_tokens, max_tokens, budget, stride_r,
-    MODE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_G: tl.constexpr, LOG_N: tl.constexpr,
+    conf_ptr, valid_len_ptr, sps_ptr, out_ptr,
+    num_requests, gamma, min_len, max_len, base_tokens, max_tokens, budget, stride_r,
+    HAS_VALID_LEN: tl.constexpr, MODE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_G: tl.constexpr,
+    LOG_N: tl.constexpr,
 ):
     """Mirrors ``dspark.reference.scheduler.schedule_greedy`` / ``allocate_top_k`` (one program)."""
     N: tl.constexpr = BLOCK_R * BLOCK_G
@@ -132,8 +133,13 @@ def _schedule_kernel(
     slot = cols + 1
     in_batch = (rows < num_requests) & (cols < gamma)
     a = _survival_tile(conf_ptr, rows, cols, num_requests, gamma, stride_r, BLOCK_G)
-    lo = tl.load(lo_ptr + rows, mask=rows < num_requests, other=0)
-    hi = tl.load(hi_ptr + rows, mask=rows < num_requests, other=0)
+    # The bounds of verify_length_bounds: hi = min(valid_len or γ, max_len), lo = min(min_len, hi).
+    if HAS_VALID_LEN:
+        hi = tl.load(valid_len_ptr + rows, mask=rows < num_requests, other=0).to(tl.int64)
+    else:
+        hi = tl.zeros([BLOCK_R, 1], tl.int64) + gamma
+    hi = tl.minimum(hi, max_len)
+    lo = tl.minimum(tl.zeros([BLOCK_R, 1], tl.int64) + min_len, hi)
     candidate = in_batch & (slot > lo) & (slot <= hi) & (a > 0)
     forced = in_batch & (slot <= lo)
     tau0 = num_requests + tl.sum(tl.sum(tl.where(forced, a, 0.0), 1), 0)
@@ -183,29 +189,39 @@ def _schedule_kernel(
 def _launch(confidence, mode, valid_len, min_len, max_len, *, sps=None, base_tokens=0, budget=0):
     num_requests, gamma = confidence.shape
     device = confidence.device
-    # The bounds of verify_length_bounds, computed where the kernel reads them: no wait for the device.
-    hi = torch.full((num_requests,), gamma, dtype=torch.long, device=device) if valid_len is None \
-        else valid_len.to(device=device, dtype=torch.long)
-    if max_len is not None:
-        hi = hi.clamp(max=max_len)
-    lo = torch.full_like(hi, min_len).minimum(hi)
     out = empty_output(num_requests, dtype=torch.long, device=device)
     if num_requests == 0:
         return out
-    if sps is not None:
-        check_schedule_capacity(confidence, valid_len, min_len, max_len, base_tokens, sps)
-        table, max_tokens = sps.sps.to(device), sps.max_tokens
-    else:
-        table, max_tokens = torch.ones(1, dtype=torch.float64, device=device), 0
+    plan = planned(("scheduler", num_requests, gamma, device, mode, valid_len is not None),
+                   lambda: _plan(num_requests, gamma, device, mode, valid_len is not None))
+    table, max_tokens = (sps.on(device), sps.max_tokens) if sps is not None else (plan.no_table, 0)
     confidence = confidence.contiguous()
-    args = (confidence, lo, hi, table, out,
-            num_requests, gamma, base_tokens, max_tokens, budget, confidence.stride(0))
+    # A valid_len above γ is refused by the public op; max_len=None caps at γ, which valid_len never exceeds.
+    launch("scheduler", _schedule_kernel, (1,),
+           (confidence, valid_len.contiguous() if valid_len is not None else out, table, out,
+            num_requests, gamma, min_len, gamma if max_len is None else max_len, base_tokens, max_tokens, budget,
+            confidence.stride(0)),
+           plan.constexprs, device=device, table=CONFIGS, key=None, config=plan.config)
+    return out
+
+
+class _Plan(NamedTuple):
+    """What a call derives from its shape and mode (see ``dspark.kernels._tuning.planned``)."""
+
+    constexprs: dict
+    config: dict
+    no_table: torch.Tensor
+
+
+def _plan(num_requests, gamma, device, mode, has_valid_len) -> _Plan:
     # At least two entries: the bitonic sort needs one hypercube axis.
     block_r, block_g = next_power_of_2(num_requests), max(2, next_power_of_2(gamma))
-    constexprs = dict(MODE=mode, BLOCK_R=block_r, BLOCK_G=block_g, LOG_N=(block_r * block_g).bit_length() - 1)
-    launch("scheduler", _schedule_kernel, (1,), args, constexprs, device=device, table=CONFIGS,
-           key=(num_requests, gamma))
-    return out
+    return _Plan(
+        constexprs=dict(HAS_VALID_LEN=has_valid_len, MODE=mode, BLOCK_R=block_r, BLOCK_G=block_g,
+                        LOG_N=(block_r * block_g).bit_length() - 1),
+        config=select_config("scheduler", device, CONFIGS, lambda c: True, (num_requests, gamma)),
+        no_table=torch.ones(1, dtype=torch.float64, device=device),  # top-K reads no table
+    )
 
 
 def schedule_greedy(confidence, sps, valid_len=None, *, early_stop=True, min_len=0, max_len=None, base_tokens=0):

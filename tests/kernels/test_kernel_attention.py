@@ -100,3 +100,22 @@ def _assert_within_half_precision_error(got, base, oracle, unit: float, name: st
     allowed = 2 * float((base.double().cpu() - oracle).abs().max()) + unit * (float(oracle.abs().max()) + 1e-30)
     error = float((got.double().cpu() - oracle).abs().max().nan_to_num(float("inf")))
     assert error <= allowed, f"{name}: error {error:.3g} > allowed {allowed:.3g} (module error × 2 + one ulp)"
+
+
+@given(inputs=attention_inputs(), spare=st.integers(1, 4))
+def test_attention_kernel_reads_strided_views(inputs, spare):
+    """A decode's context is a view of the first rows of its cache, and q may come out of a transpose: the kernel
+    reads them through their strides. Block keys and values that do not share a layout are copied first."""
+    oracle = block_attention(**inputs, backend="reference")
+    args = _on(inputs, torch.float64)
+    batch, ctx, kv_heads, head_dim = args["k_ctx"].shape
+
+    def cache_rows(t):  # [B, ctx + spare, Hkv, D] storage, its first ctx rows
+        storage = torch.randn(batch, ctx + spare, kv_heads, head_dim, dtype=t.dtype, device=t.device)
+        storage[:, :ctx] = t
+        return storage[:, :ctx]
+
+    args["k_ctx"], args["v_ctx"] = cache_rows(args["k_ctx"]), cache_rows(args["v_ctx"])
+    args["q"] = args["q"].transpose(2, 3).contiguous().transpose(2, 3)
+    args["k_blk"] = torch.cat([args["k_blk"], args["k_blk"]], -1)[..., :head_dim]
+    assert_close_float64(block_attention(**args, backend="triton"), oracle)
