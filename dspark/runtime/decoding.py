@@ -213,10 +213,11 @@ def _finite(t: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class _RoundResults:
-    """What the host reads back of a round, all in one copy: ``[R]`` accepted drafts and committed tokens, the
-    ``[R, slots + 1]`` committed tokens, the ``[R, γ]`` drafted block (``None`` when nothing was drafted) and
-    whether the round's logits and draft distributions were finite."""
+    """What the host reads back of a round, all in one copy: ``[R]`` verify lengths, accepted drafts and committed
+    tokens, the ``[R, slots + 1]`` committed tokens, the ``[R, γ]`` drafted block (``None`` when nothing was
+    drafted) and whether the round's logits and draft distributions were finite."""
 
+    verify_len: torch.Tensor
     num_accepted: torch.Tensor
     num_committed: torch.Tensor
     committed: torch.Tensor
@@ -224,16 +225,17 @@ class _RoundResults:
     finite: bool
 
     @classmethod
-    def read(cls, result: VerifyOutput, finite: torch.Tensor, draft: DraftOutput | None) -> _RoundResults:
+    def read(cls, verify_len: torch.Tensor, result: VerifyOutput, finite: torch.Tensor,
+             draft: DraftOutput | None) -> _RoundResults:
         num = len(result.num_accepted)
-        parts = [result.num_accepted[:, None], result.num_committed[:, None], result.committed,
+        parts = [verify_len[:, None], result.num_accepted[:, None], result.num_committed[:, None], result.committed,
                  finite.expand(num, 1).long()]
         if draft is not None:
             parts.append(draft.tokens)
         host = torch.cat(parts, 1).cpu()
         width = result.committed.shape[1]
-        return cls(host[:, 0], host[:, 1], host[:, 2: 2 + width], host[:, 3 + width:] if draft is not None else None,
-                   bool(host[0, 2 + width]) if num else True)
+        return cls(host[:, 0], host[:, 1], host[:, 2], host[:, 3: 3 + width],
+                   host[:, 4 + width:] if draft is not None else None, bool(host[0, 3 + width]) if num else True)
 
 
 class SpeculativeDecoder:
@@ -253,6 +255,13 @@ class SpeculativeDecoder:
         record_drafts: keep every drafted block in ``self.drafts`` as ``(requests [n], anchor_positions [n],
             tokens [n, γ])`` of the n requests drafted for (indices into the prompts), on the CPU: what teacher
             forcing at the same anchors can be compared with (``dspark.train.features.teacher_forced_tokens``).
+        fixed_width: the target's verify pass is always γ + 1 tokens wide (positions past a request's verify
+            length are fed masked and rolled back), so its shape never depends on the scheduler's choice and the
+            host waits for the device once a round, for the results. What a serving engine does, and what a
+            captured CUDA graph needs; on a GPU at small batch a wider pass costs little, as the target's weights
+            are read once either way. Off (the default), the pass is as wide as the longest verify length, which
+            the host reads first. Greedy tokens are the same either way; sampled ones are drawn from the same
+            distribution, with different draws (the verifier takes γ uniforms a request instead of ℓ_max).
 
     After :meth:`start`, ``state`` is the target's decoding state and ``cache`` the drafter's context cache. The
     cache holds every committed token before the anchor whenever the drafter runs; after rounds that drafted
@@ -260,7 +269,8 @@ class SpeculativeDecoder:
     """
 
     def __init__(self, target, drafter, config: SamplingConfig | None = None, *, scheduler: Scheduler | None = None,
-                 backend: str = "auto", record_rounds: bool = False, record_drafts: bool = False):
+                 backend: str = "auto", record_rounds: bool = False, record_drafts: bool = False,
+                 fixed_width: bool = False):
         self.config = config or SamplingConfig()
         dcfg = drafter.config
         if list(dcfg.target_layer_ids) != list(target.tap_layers):
@@ -277,6 +287,7 @@ class SpeculativeDecoder:
         self.rounds: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         self.record_drafts = record_drafts
         self.drafts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self.fixed_width = fixed_width
 
     @torch.no_grad()
     def start(self, prompts: list[list[int]], max_batch: int | None = None) -> SpeculativeDecoder:
@@ -373,7 +384,8 @@ class SpeculativeDecoder:
         """One round for every active request; returns how many tokens each committed.
 
         On a GPU the host waits for the device twice a round: for the verify lengths the scheduler chose (they
-        size the target's pass), and for the round's results, read back in one copy. The public ops skip their
+        size the target's pass), and for the round's results, read back in one copy; with ``fixed_width`` only for
+        the results. The public ops skip their
         checks of tensor values (:func:`dspark.trusted_values`): the loop made their inputs, and it reads
         back with the results whether the target's logits and the draft distributions were finite.
         """
@@ -403,10 +415,14 @@ class SpeculativeDecoder:
         else:
             confidence = draft.confidence if draft.confidence is not None else torch.ones(num, gamma, device=device)
             verify_len = self.scheduler(confidence, valid_len).to(device)
-        verify_len_host = verify_len.cpu()  # the first read: the target's pass is as wide as the longest
+        if draft is None:
+            width = 1
+        elif self.fixed_width:
+            width = gamma + 1
+        else:
+            width = int(verify_len.max()) + 1  # the first read: the target's pass is as wide as the longest
         t2 = time.perf_counter()
 
-        width = int(verify_len_host.max()) + 1
         fed = self.anchor[:, None]
         if draft is not None:
             fed = torch.cat([fed, draft.tokens[:, : width - 1]], 1)
@@ -416,7 +432,7 @@ class SpeculativeDecoder:
         t_target = time.perf_counter()
         result, finite = self._verify(step.logits, draft, verify_len, max(width - 1, 1))
         # The second read: every count, token and flag the host needs of the round, in one copy.
-        decided = _RoundResults.read(result, finite, draft)
+        decided = _RoundResults.read(verify_len, result, finite, draft)
         if not decided.finite:
             raise ValueError("the target's logits or the draft distributions hold NaN or Inf values in this round")
         kept = result.num_accepted + 1  # x_0 and the accepted drafts now hold committed tokens
@@ -431,11 +447,11 @@ class SpeculativeDecoder:
                                       token_ids=fed[:, :longest])
         t3 = time.perf_counter()
 
-        self.stats.update(verify_len_host, decided.num_accepted, decided.num_committed, decided.drafted)
+        self.stats.update(decided.verify_len, decided.num_accepted, decided.num_committed, decided.drafted)
         if self.record_rounds and draft is not None and draft.confidence_logits is not None:
             # Slots after an accepted EOS were never really verified: they leave the calibration data.
             verified = torch.where(decided.num_committed == decided.num_accepted, decided.num_accepted,
-                                   verify_len_host)
+                                   decided.verify_len)
             self.rounds.append((draft.confidence_logits.cpu(), verified, decided.num_accepted.clone()))
         self.outputs.append(self.active, decided.committed, decided.num_committed)
         self.request_rounds[self.active] += 1

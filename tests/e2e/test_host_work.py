@@ -5,8 +5,9 @@ import torch
 
 from benchmarks.host_trace import HostTrace
 from dspark import trusted_values
+from dspark._checks import check_once
 from dspark.runtime.decoding import SamplingConfig, SpeculativeDecoder
-from dspark.scheduler import FixedLength
+from dspark.scheduler import FixedLength, Threshold
 from dspark.verify import verify
 from tests.e2e.conftest import drafter_for, tiny_target
 
@@ -45,6 +46,26 @@ def test_trusted_values_skip_the_checks_that_read_values_and_keep_those_of_shape
             verify(tokens[:, :1], *args[1:], backend="torch")
 
 
+def test_trusted_checks_run_once_per_signature_and_still_refuse_what_they_have_not_seen():
+    ran = []
+
+    def check(t, n):
+        ran.append(tuple(t.shape))
+        if t.shape[0] != n:
+            raise ValueError(f"t must have {n} rows")
+
+    with trusted_values():
+        check_once(check, torch.zeros(3), 3)
+        check_once(check, torch.ones(3), 3)  # same shape, dtype and arguments: remembered
+        assert ran == [(3,)]
+        for _ in range(2):  # a failure is never remembered
+            with pytest.raises(ValueError, match="3 rows"):
+                check_once(check, torch.zeros(4), 3)
+        check_once(check, torch.zeros(3, dtype=torch.float64), 3)  # another dtype runs the check again
+    check_once(check, torch.zeros(3), 3)  # outside trusted values every call is checked
+    assert ran == [(3,), (4,), (4,), (3,), (3,)]
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_a_round_waits_for_the_device_only_for_its_verify_lengths_and_its_results(temperature):
     """On the PyTorch backend, a round of a running batch reads device values twice: the verify lengths (they size
@@ -64,3 +85,44 @@ def test_a_round_waits_for_the_device_only_for_its_verify_lengths_and_its_result
     syncs = sum(counter["host_syncs"] for counter in trace.counts.values())
     assert syncs == 2 * 3, trace.sync_sites
 
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_fixed_width_round_waits_for_the_device_once(temperature):
+    """With the verify pass always γ + 1 wide, its shape no longer waits on the scheduler's lengths: one read a
+    round, the results."""
+    target = tiny_target(vocab=64)
+    drafter = drafter_for(target)
+    trace = HostTrace([target.model, drafter])
+    config = SamplingConfig(max_new_tokens=40, temperature=temperature, seed=1, eos_token_id=63)
+    with trace:
+        decoder = SpeculativeDecoder(target, drafter, config, scheduler=FixedLength(2), backend="torch",
+                                     fixed_width=True)
+        decoder.start([[1, 2, 3], [4, 5, 6, 7]])
+        decoder.step()
+        trace.reset()
+        for _ in range(3):
+            decoder.step()
+    syncs = sum(counter["host_syncs"] for counter in trace.counts.values())
+    assert syncs == 3, trace.sync_sites
+
+
+def test_a_fixed_width_pass_commits_the_tokens_of_a_pass_as_wide_as_the_longest_length():
+    """Greedy decoding with lengths that differ between requests and rounds (a confidence threshold): the slots a
+    fixed-width pass feeds past a request's length are masked and rolled back, so the tokens, the verify lengths
+    and the acceptance are those of the narrower pass."""
+    target = tiny_target(vocab=64)
+    drafter = drafter_for(target)
+    config = SamplingConfig(max_new_tokens=24, temperature=0.0, eos_token_id=63)
+    prompts = [[1, 2, 3], [4, 5, 6, 7], [9]]
+    runs = []
+    for fixed_width in (False, True):
+        decoder = SpeculativeDecoder(target, drafter, config, scheduler=Threshold(0.5), backend="torch",
+                                     fixed_width=fixed_width)
+        runs.append(decoder.start(prompts).run())
+    narrow, fixed = runs
+    assert fixed.tokens == narrow.tokens
+    for name in ("rounds", "committed", "accepted", "proposed", "reached", "accepted_at"):
+        assert torch.equal(torch.as_tensor(getattr(fixed.stats, name)), torch.as_tensor(getattr(narrow.stats, name)))
+    lengths = narrow.stats.verify_length_counts
+    assert (lengths > 0).sum() >= 2, f"the threshold must vary the lengths: {lengths.tolist()}"
