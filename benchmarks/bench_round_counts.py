@@ -14,13 +14,12 @@ warm-up round): ``launches_per_round`` (Triton launches plus PyTorch operations 
 ``host_syncs_per_round``, ``host_to_device_per_round``, and per computation (``markov_launches``,
 ``attention_launches``, ...), with the library lines that ask for each synchronisation.
 
-Then the launchers' host overhead: each fused op called alone at ``R`` = 1, 16, 64 with its kernels stubbed out
-(the launcher runs, picks its config, allocates, and returns without launching), median of ``--calls`` calls,
-microseconds per call, as a user calls it (its inputs' values checked) and as the decode loop does (trusted,
-:func:`dspark.trusted_values`), side by side in one run. On a GPU Triton's own launch path (argument
-binding, cache lookup, driver call) adds to this, once per launch counted above.
+With the fused kernels the rounds are counted twice: with verify passes as wide as the longest verify length (the
+host reads the lengths first) and with fixed-width passes (``SpeculativeDecoder(fixed_width=True)``, one read a
+round). ``capture_round_calls`` records the arguments of each fused op in a round, which
+``bench_launcher_host.py`` replays to time the launchers' host work.
 
-    TRITON_INTERPRET=1 python benchmarks/bench_round_counts.py [--rounds 2] [--calls 200] [--tag before]
+    TRITON_INTERPRET=1 python benchmarks/bench_round_counts.py [--rounds 2] [--no-fixed-width] [--tag before]
                                                                 [--out benchmarks/results]
 """
 
@@ -28,9 +27,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -39,14 +36,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.environment import write_result  # noqa: E402
-from benchmarks.host_trace import HostTrace, stubbed_launches  # noqa: E402
-from dspark import trusted_values  # noqa: E402
+from benchmarks.host_trace import HostTrace  # noqa: E402
 
 REQUESTS = (1, 4, 16, 64)
 GAMMA = 7
 # Which computation each fused kernel serves.
-COMPUTATION_OF = {"block_attention": "attention", "markov_stats": "markov", "markov_normalize": "markov",
-                  "markov_probs": "markov", "markov_draw": "markov", "confidence": "confidence",
+COMPUTATION_OF = {"block_attention": "attention", "markov_slot": "markov", "markov_stats": "markov",
+                  "markov_normalize": "markov", "markov_probs": "markov", "markov_draw": "markov",
+                  "confidence": "confidence",
                   "scheduler": "scheduler", "verify_accept": "rejection", "verify_mass": "rejection",
                   "verify_draw": "rejection"}
 
@@ -70,9 +67,10 @@ def build(seed: int = 0):
     return target, drafter.eval()
 
 
-def decoder_for(target, drafter, requests: int, temperature: float, backend: str, seed: int = 1):
+def decoder_for(target, drafter, requests: int, temperature: float, backend: str, seed: int = 1,
+                fixed_width: bool = False):
     """A decoder running ``requests`` random prompts (drawn with ``seed``), started and one round in (kernels warmed
-    up)."""
+    up); ``fixed_width``: its verify passes are always γ + 1 wide (``SpeculativeDecoder(fixed_width=True)``)."""
     from dspark.runtime.decoding import SamplingConfig, SpeculativeDecoder
     from dspark.scheduler import PrefixScheduler, SPSTable
 
@@ -80,13 +78,15 @@ def decoder_for(target, drafter, requests: int, temperature: float, backend: str
     # The last token id is never drawn by the prompts; as EOS it ends a request only if the random target emits it.
     config = SamplingConfig(max_new_tokens=96, temperature=temperature, eos_token_id=target.vocab_size - 1)
     sps = SPSTable.linear(1.0, 1e-6, requests * (GAMMA + 1))  # one more verified token is nearly free: send all
-    decoder = SpeculativeDecoder(target, drafter, config, scheduler=PrefixScheduler(sps), backend=backend)
+    decoder = SpeculativeDecoder(target, drafter, config, scheduler=PrefixScheduler(sps), backend=backend,
+                                 fixed_width=fixed_width)
     decoder.start(prompts.tolist())
     decoder.step()
     return decoder
 
 
-def trace_rounds(target, drafter, requests: int, temperature: float, backend: str, rounds: int, seed: int):
+def trace_rounds(target, drafter, requests: int, temperature: float, backend: str, rounds: int, seed: int,
+                 fixed_width: bool):
     """Trace ``rounds`` calls of ``SpeculativeDecoder.step`` after one untraced round, each part of the round in a
     phase of its own. The trace runs from before the decoder starts, so that it knows the caches it made live on
     the device; what the start and the first round did is then forgotten. Returns the decoder and the trace."""
@@ -95,7 +95,7 @@ def trace_rounds(target, drafter, requests: int, temperature: float, backend: st
 
     trace = HostTrace([target.model, drafter])
     with trace:
-        decoder = decoder_for(target, drafter, requests, temperature, backend, seed)
+        decoder = decoder_for(target, drafter, requests, temperature, backend, seed, fixed_width)
         trace.reset()
         trace.wrap(decoder, "step", "bookkeeping")
         trace.wrap(decoder, "_catch_up", "drafter_forward")
@@ -114,17 +114,19 @@ def trace_rounds(target, drafter, requests: int, temperature: float, backend: st
     return decoder, trace
 
 
-def count_row(target, drafter, requests: int, temperature: float, backend: str, rounds: int) -> dict:
+def count_row(target, drafter, requests: int, temperature: float, backend: str, rounds: int,
+              fixed_width: bool = False) -> dict:
     os.environ["DSPARK_BACKEND"] = backend  # what backend="auto" picks: the scheduler's Algorithm 1 too
     # A random target emits its EOS now and then; prompts where no request finishes keep R requests in every round.
     for seed in range(1, 11):
-        decoder, trace = trace_rounds(target, drafter, requests, temperature, backend, rounds, seed)
+        decoder, trace = trace_rounds(target, drafter, requests, temperature, backend, rounds, seed, fixed_width)
         if len(decoder.active) == requests:
             break
     else:
         raise RuntimeError(f"a request finished during the traced rounds for every prompt seed tried (R={requests})")
     total = sum(trace.counts.values(), Counter())
-    row = {"requests": requests, "backend": backend, "temperature": temperature, "rounds": rounds,
+    row = {"requests": requests, "backend": backend, "temperature": temperature, "fixed_width": fixed_width,
+           "rounds": rounds,
            "launches_per_round": (total["triton_launches"] + total["torch_ops"]) / rounds,
            "triton_launches_per_round": total["triton_launches"] / rounds,
            "torch_ops_per_round": total["torch_ops"] / rounds,
@@ -168,44 +170,11 @@ def capture_round_calls(decoder) -> dict[str, tuple]:
     return calls
 
 
-def launcher_overheads(target, drafter, calls: int) -> list[dict]:
-    """Microseconds of host work per fused-op call with its kernels stubbed out, replaying the calls of a sampled
-    round (T = 1, so every kernel of the samplers is on the path) at R = 1, 16, 64: as a user's call, which checks
-    its inputs' values, and as the decode loop calls it, inside :func:`dspark.trusted_values`."""
-    rows = []
-    os.environ["DSPARK_BACKEND"] = "triton"
-    for requests in (1, 16, 64):
-        decoder = decoder_for(target, drafter, requests, 1.0, "triton")
-        captured = capture_round_calls(decoder)
-        with stubbed_launches():
-            for name, (function, args, kwargs) in captured.items():
-                function(*args, **kwargs)  # the first call imports the launcher and fills its caches
-                def call(function=function, args=args, kwargs=kwargs):
-                    function(*args, **kwargs)
-
-                checked = _median_seconds(call, calls)
-                with trusted_values():
-                    trusted = _median_seconds(call, calls)
-                rows.append({"op": name, "requests": requests, "host_us_per_call": 1e6 * checked,
-                             "host_us_per_call_trusted": 1e6 * trusted})
-                print(f"  {name} at R={requests}: {1e6 * checked:.0f} us of host work per call, "
-                      f"{1e6 * trusted:.0f} us with trusted inputs ({checked / trusted:.1f}x less)", flush=True)
-    return rows
-
-
-def _median_seconds(call, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--no-fixed-width", dest="fixed_width", action="store_false",
+                        help="skip the rows with fixed-width verify passes (commits before it had none)")
     parser.add_argument("--requests", type=int, nargs="+", default=list(REQUESTS))
     parser.add_argument("--tag", default=None, help="writes round_counts_cpu_<tag>.json")
     parser.add_argument("--out", type=Path, default=None)
@@ -217,16 +186,18 @@ def main(argv=None) -> int:
     with torch.no_grad():
         for backend in ("triton", "torch"):
             for temperature in (0.0, 1.0):
-                for requests in args.requests:
-                    row = count_row(target, drafter, requests, temperature, backend, args.rounds)
-                    rows.append(row)
-                    print(f"{backend}, T={temperature:g}, R={requests}: {row['launches_per_round']:.0f} launches "
-                          f"({row['triton_launches_per_round']:.0f} Triton, {row['torch_ops_per_round']:.0f} PyTorch), "
-                          f"{row['host_syncs_per_round']:.0f} host syncs, Markov {row['markov_launches']:.0f} "
-                          "launches per round", flush=True)
-        overheads = launcher_overheads(target, drafter, args.calls)
+                # A fixed-width verify pass matters where the scheduler runs on the device: the fused kernels.
+                for fixed_width in (False, True) if backend == "triton" and args.fixed_width else (False,):
+                    for requests in args.requests:
+                        row = count_row(target, drafter, requests, temperature, backend, args.rounds, fixed_width)
+                        rows.append(row)
+                        print(f"{backend}, T={temperature:g}, {'fixed' if fixed_width else 'longest'} width, "
+                              f"R={requests}: {row['launches_per_round']:.0f} launches "
+                              f"({row['triton_launches_per_round']:.0f} Triton, {row['torch_ops_per_round']:.0f} "
+                              f"PyTorch), {row['host_syncs_per_round']:.0f} host syncs, Markov "
+                              f"{row['markov_launches']:.0f} launches per round", flush=True)
     name = "round_counts_cpu" + (f"_{args.tag}" if args.tag else "")
-    path = write_result(name, {"gamma": GAMMA, "rows": rows, "launcher_host_us": overheads}, args.out)
+    path = write_result(name, {"gamma": GAMMA, "rows": rows}, args.out)
     print(f"wrote {path}")
     return 0
 
