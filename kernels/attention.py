@@ -386,7 +386,7 @@ def _forward(q, k_ctx, v_ctx, k_blk, v_blk, ctx_len, block_valid, scale, with_ls
     launch("block_attention", _block_attention_kernel, plan.grid,
            (q, k_ctx, v_ctx, k_blk, v_blk, ctx_len.contiguous(), valid, plan.scale, out, lse, out_acc, parts, stats,
             *plan.sizes, *q.stride()[:4], *k_ctx.stride()[:3], *k_blk.stride()[:4], *plan.out_strides),
-           plan.constexprs, device=q.device, table=CONFIGS, key=None, config=plan.config)
+           plan.constexprs, device=q.device, table=CONFIGS, key=None, fits=plan.fits, config=plan.config)
     if plan.num_splits > 1:
         return _combine_splits(parts, stats, valid).to(q.dtype), lse, out_acc
     return out.to(q.dtype), lse, out_acc
@@ -396,6 +396,7 @@ class _ForwardPlan(NamedTuple):
     """What a forward call derives from its shapes, dtype and options (see ``dspark.kernels._tuning.planned``)."""
 
     config: dict
+    fits: object  # the shape predicate the config was chosen by (the compile matrix compiles what it keeps)
     constexprs: dict
     grid: tuple
     num_splits: int
@@ -423,7 +424,7 @@ def _forward_plan(q, k_ctx, scale, with_lse, num_splits) -> _ForwardPlan:
     fits = _fits(q, tiles, 2)
     grid = (batch * num_blocks, num_kv, num_splits)
     return _ForwardPlan(
-        config=select_config("block_attention", q.device, CONFIGS, fits, kernel_key),
+        config=select_config("block_attention", q.device, CONFIGS, fits, kernel_key), fits=fits,
         constexprs=constexprs, grid=grid, num_splits=num_splits,
         sizes=(num_blocks, gamma, group, head_dim, triton.cdiv(max(context, 1), num_splits)),
         out_strides=_contiguous_strides(q.shape)[:4],  # the outputs are allocated contiguous

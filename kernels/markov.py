@@ -38,8 +38,15 @@ import torch
 import triton
 import triton.language as tl
 from dspark.kernels._sampling import draw_in_tile, draw_threshold, find_tile, fixed_point, tile_mass
-from dspark.kernels._tuning import (accumulator, empty_output, interpreting, launch, next_power_of_2, planned,
-                                    select_config)
+from dspark.kernels._tuning import (
+    accumulator,
+    empty_output,
+    interpreting,
+    launch,
+    next_power_of_2,
+    planned,
+    select_config,
+)
 
 from dspark.sampling import top_p_threshold
 

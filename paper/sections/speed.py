@@ -332,6 +332,7 @@ def _section_compile_matrix(out: list[str]) -> None:
         summaries.append(f"with Triton {m['triton']} (made on {machine(m)}), {blackwell}; {hopper}")
     out.append("Every listed config compiles within shared memory for all three architectures, and the products "
                "of attention (forward and backward) and of the Markov bias reach the tensor cores on each (wgmma, "
-               "tcgen05). " + ". ".join(x[0].upper() + x[1:] for x in summaries) + ". The scheduler sorts its "
+               "tcgen05; the Markov sampler's one-launch slot kernel for up to 4 requests multiplies 16-row tiles, "
+               "on mma.sync). " + ". ".join(x[0].upper() + x[1:] for x in summaries) + ". The scheduler sorts its "
                "R·γ entries in registers, so one program holds them all.")
     out.append("No speed is claimed for Blackwell: no Blackwell GPU ran these kernels.\n")

@@ -1,11 +1,11 @@
 from unittest import mock
 
+import dspark.kernels.markov as markov_kernel
 import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-import dspark.kernels.markov as markov_kernel
 from dspark.markov import sample_block
 from dspark.testing import assert_close_float64, assert_equal, assert_within_reference_error, random_markov_weights
 from tests.kernels.conftest import DEVICE

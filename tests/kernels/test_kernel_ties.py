@@ -3,10 +3,10 @@
 
 from unittest import mock
 
+import dspark.kernels.markov as markov_kernel
 import pytest
 import torch
 
-import dspark.kernels.markov as markov_kernel
 from dspark.markov import sample_block
 from dspark.testing import assert_equal, random_markov_weights
 from dspark.verify import verify
