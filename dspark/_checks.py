@@ -67,12 +67,13 @@ _MAX_PASSED = 4096
 def check_once(check, *args) -> None:
     """``check(*args)``, run once per signature of its inputs while values are trusted.
 
-    Within :func:`trusted_values` a check reads only shapes, dtypes, devices and plain arguments, so its verdict
-    is a function of them: the first call with a given signature runs it, later ones look the signature up (a
-    few hundred nanoseconds against microseconds of Python checks on every call of a decode loop); so ``check``
-    must read of its tensors only shapes and dtypes, and values only where :func:`values_checked`. Outside it,
-    and while ``torch.compile`` traces, the check always runs. Plain arguments must be hashable values (ints,
-    floats, strings, None, tuples of them); an object compared by identity would be wrongly remembered.
+    Within :func:`trusted_values` the ops' checks read only shapes, dtypes and plain arguments (values only where
+    :func:`values_checked`, which is false there), so a verdict is a function of them: the first call with a
+    given signature runs the check, later ones look the signature up (a few hundred nanoseconds, against
+    microseconds of Python checks on every call of a decode loop). A failure is never remembered. Outside
+    :func:`trusted_values`, and while ``torch.compile`` traces, the check always runs. Plain arguments must be
+    hashable values (ints, floats, strings, None, tuples of them): an object compared by identity would be
+    wrongly remembered.
     """
     if not _TRUSTED.get() or torch.compiler.is_compiling():
         check(*args)

@@ -24,8 +24,8 @@ import torch
 _chosen: dict[tuple, dict] = {}
 
 
-# Triton decides whether a kernel is interpreted when it is decorated, at import, from this variable; read it once
-# with them rather than on every launch.
+# Triton decides whether a kernel is interpreted when it is decorated, at import, from this variable: it is read
+# once here too, not on every launch.
 _INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 

@@ -385,9 +385,9 @@ class SpeculativeDecoder:
 
         On a GPU the host waits for the device twice a round: for the verify lengths the scheduler chose (they
         size the target's pass), and for the round's results, read back in one copy; with ``fixed_width`` only for
-        the results. The public ops skip their
-        checks of tensor values (:func:`dspark.trusted_values`): the loop made their inputs, and it reads
-        back with the results whether the target's logits and the draft distributions were finite.
+        the results. The public ops skip their checks of tensor values (:func:`dspark.trusted_values`): the loop
+        made their inputs, and it reads back with the results whether the target's logits and the draft
+        distributions were finite.
         """
         with trusted_values():
             return self._round()
