@@ -43,10 +43,12 @@ class SPSTable:
     _copies: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def on(self, device: torch.device) -> torch.Tensor:
-        """``sps`` on ``device``, copied there once: a decode loop's scheduler reads the table every round."""
-        copy = self._copies.get(device)
-        if copy is None:
-            copy = self._copies[device] = self.sps.to(device)
+        """``sps`` on ``device``, copied there once (a decode loop's scheduler reads the table every round); a new
+        ``sps`` tensor assigned to the table is copied anew."""
+        source, copy = self._copies.get(device, (None, None))
+        if source is not self.sps:
+            copy = self.sps.to(device)
+            self._copies[device] = (self.sps, copy)
         return copy
 
     def __post_init__(self) -> None:

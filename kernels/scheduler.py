@@ -196,9 +196,13 @@ def _launch(confidence, mode, valid_len, min_len, max_len, *, sps=None, base_tok
                    lambda: _plan(num_requests, gamma, device, mode, valid_len is not None))
     table, max_tokens = (sps.on(device), sps.max_tokens) if sps is not None else (plan.no_table, 0)
     confidence = confidence.contiguous()
+    if valid_len is None:
+        valid_len = out  # not read
+    elif valid_len.device != device:
+        valid_len = valid_len.to(device)
     # A valid_len above γ is refused by the public op; max_len=None caps at γ, which valid_len never exceeds.
     launch("scheduler", _schedule_kernel, (1,),
-           (confidence, valid_len.contiguous() if valid_len is not None else out, table, out,
+           (confidence, valid_len.contiguous(), table, out,
             num_requests, gamma, min_len, gamma if max_len is None else max_len, base_tokens, max_tokens, budget,
             confidence.stride(0)),
            plan.constexprs, device=device, table=CONFIGS, key=None, config=plan.config)
