@@ -520,7 +520,7 @@ def _plan(num_requests, gamma, vocab, dtype, device, weights, w1_dtype, w2_dtype
     use_top_k = top_k is not None and top_k < vocab and not greedy
     use_top_p = top_p is not None and top_p < 1 and not greedy
     block_r = min(MAX_BLOCK_R, max(16, next_power_of_2(num_requests)))
-    one_launch = num_requests <= FUSED_MAX_REQUESTS
+    one_launch = num_requests <= min(FUSED_MAX_REQUESTS, block_r)  # its grid has one request tile
     # The kernels of a slot must agree on the vocabulary tiling: every launch of a call takes this one config.
     config = select_config("markov_slot" if one_launch else "markov", device, SLOT_CONFIGS if one_launch else CONFIGS,
                            lambda c: True, (vocab, rank, block_r))
