@@ -66,45 +66,38 @@ def test_trusted_checks_run_once_per_signature_and_still_refuse_what_they_have_n
     assert ran == [(3,), (4,), (4,), (3,), (3,)]
 
 
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_a_round_waits_for_the_device_only_for_its_verify_lengths_and_its_results(temperature):
-    """On the PyTorch backend, a round of a running batch reads device values twice: the verify lengths (they size
-    the target's pass) and the round's results (one copy). The drafter's context cache grows from counts the host
-    holds, and the scheduler here sends every slot without reading anything."""
+def _host_syncs_over_three_rounds(temperature: float, **decoder_options) -> tuple[int, object]:
+    """Host reads of device values over three rounds of a running batch on the PyTorch backend (after one round
+    that warms up), and the library lines that asked for them."""
     target = tiny_target(vocab=64)
     drafter = drafter_for(target)
     trace = HostTrace([target.model, drafter])
     config = SamplingConfig(max_new_tokens=40, temperature=temperature, seed=1, eos_token_id=63)
     with trace:
-        decoder = SpeculativeDecoder(target, drafter, config, scheduler=FixedLength(4), backend="torch")
+        decoder = SpeculativeDecoder(target, drafter, config, backend="torch", **decoder_options)
         decoder.start([[1, 2, 3], [4, 5, 6, 7]])
         decoder.step()
         trace.reset()
         for _ in range(3):
             decoder.step()
-    syncs = sum(counter["host_syncs"] for counter in trace.counts.values())
-    assert syncs == 2 * 3, trace.sync_sites
+    return sum(counter["host_syncs"] for counter in trace.counts.values()), trace.sync_sites
 
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_round_waits_for_the_device_only_for_its_verify_lengths_and_its_results(temperature):
+    """On the PyTorch backend, a round of a running batch reads device values twice: the verify lengths (they size
+    the target's pass) and the round's results (one copy). The drafter's context cache grows from counts the host
+    holds, and the scheduler here sends every slot without reading anything."""
+    syncs, sites = _host_syncs_over_three_rounds(temperature, scheduler=FixedLength(4))
+    assert syncs == 2 * 3, sites
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_a_fixed_width_round_waits_for_the_device_once(temperature):
     """With the verify pass always γ + 1 wide, its shape no longer waits on the scheduler's lengths: one read a
     round, the results."""
-    target = tiny_target(vocab=64)
-    drafter = drafter_for(target)
-    trace = HostTrace([target.model, drafter])
-    config = SamplingConfig(max_new_tokens=40, temperature=temperature, seed=1, eos_token_id=63)
-    with trace:
-        decoder = SpeculativeDecoder(target, drafter, config, scheduler=FixedLength(2), backend="torch",
-                                     fixed_width=True)
-        decoder.start([[1, 2, 3], [4, 5, 6, 7]])
-        decoder.step()
-        trace.reset()
-        for _ in range(3):
-            decoder.step()
-    syncs = sum(counter["host_syncs"] for counter in trace.counts.values())
-    assert syncs == 3, trace.sync_sites
+    syncs, sites = _host_syncs_over_three_rounds(temperature, scheduler=FixedLength(2), fixed_width=True)
+    assert syncs == 3, sites
 
 
 def test_a_fixed_width_pass_commits_the_tokens_of_a_pass_as_wide_as_the_longest_length():
