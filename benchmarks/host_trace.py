@@ -12,7 +12,9 @@ live on the device and counts, per phase of the work,
   ``float()`` that call it, ``tolist()``, ``.cpu()`` / ``.to("cpu")``, ``.numpy()``, and operations whose output
   size depends on device values (``nonzero``, ``masked_select``, indexing by a boolean mask, ``unique``);
 * ``host_to_device``: copies of host values to the device (``.to(device)`` of a host tensor, ``torch.tensor(...,
-  device=...)``), which PyTorch also makes wait for the queue unless they are pinned and non-blocking.
+  device=...)``), which on a GPU also wait for the queue; ``host_to_device_async`` counts those asked with
+  ``non_blocking=True`` apart (:func:`dspark.backend.upload`, which pins the host tensor first on a GPU, so the
+  copy does not wait).
 
 A tensor is on the device when it is a parameter or buffer of a module passed as ``device_modules``, was made by a
 factory told a device (``torch.zeros(..., device=d)``), was moved with ``.to(d)``, or was computed from another
@@ -56,8 +58,9 @@ class HostTrace(TorchDispatchMode):
     ``phase(name)`` (a context manager) attributes what runs inside it to ``name`` (nested phases: the innermost);
     outside any phase, work counts under ``"other"`` (:func:`stubbed_launches` times the launchers' host work
     without their kernels). ``counts[phase]`` is a :class:`collections.Counter` of ``triton_launches``,
-    ``torch_ops``, ``host_syncs`` and ``host_to_device``, and of ``launch:<kernel>``; ``sync_sites`` counts where
-    each synchronisation was asked for (``file:line function``, the innermost frame in dspark or kernels code).
+    ``torch_ops``, ``host_syncs``, ``host_to_device`` and ``host_to_device_async``, and of ``launch:<kernel>``;
+    ``sync_sites`` counts where each synchronisation was asked for (``file:line function``, the innermost frame in
+    dspark or kernels code).
     """
 
     def __init__(self, device_modules: Iterable[torch.nn.Module] = ()):
@@ -186,7 +189,7 @@ class HostTrace(TorchDispatchMode):
             if isinstance(where, str) and where.startswith("cpu"):
                 return to_host(original_to)(self, *args, **kwargs)
             if isinstance(where, torch.device) and where is not HOST and not trace.on_device(self):
-                trace._count("host_to_device")
+                trace._count("host_to_device_async" if kwargs.get("non_blocking") else "host_to_device")
                 moved = original_to(self, *args, **kwargs)
                 moved = moved.clone() if moved is self else moved
                 trace._mark([moved], True)

@@ -12,7 +12,7 @@ Parameter names follow the speculators checkpoint layout (method.md §10) so exp
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +20,7 @@ from torch import nn
 
 from dspark._checks import check_range, check_tensor, check_token_range, values_checked
 from dspark.attention import block_attention
+from dspark.backend import upload
 from dspark.config import DSparkConfig
 from dspark.linear import Linear
 
@@ -193,6 +194,65 @@ class ContextCache:
                 store[i] = grown
 
 
+@dataclass
+class StaticContextCache(ContextCache):
+    """A context cache whose memory never moves: what a captured CUDA graph needs, as it reads the addresses it
+    saw at capture.
+
+    ``key_storage[l]``, ``value_storage[l]``: ``[max_batch, capacity, Hkv, D]``, allocated once; the ``B``
+    running requests hold rows ``0 … B−1`` and ``keys[l]``, ``values[l]`` are views of those rows. Dropping
+    requests moves the kept rows to the front, and joining ones are copied in after them; a request needing more
+    than ``capacity`` positions, or a batch of more than ``max_batch``, is a ``ValueError`` (size it for the
+    longest prompt plus the tokens to generate). Rows past a request's length hold stale but finite values, so
+    attention may read the whole capacity and mask them.
+    """
+
+    key_storage: list[torch.Tensor] = field(default_factory=list)
+    value_storage: list[torch.Tensor] = field(default_factory=list)
+
+    @property
+    def max_batch(self) -> int:
+        return self.key_storage[0].shape[0]
+
+    def _view(self, batch: int) -> None:
+        self.keys = [store[:batch] for store in self.key_storage]
+        self.values = [store[:batch] for store in self.value_storage]
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep only the requests ``rows``, moved to the front of the storage in that order."""
+        rows = rows.to(self.lengths.device)
+        for store in (*self.key_storage, *self.value_storage):
+            store[: len(rows)] = store[rows]  # the gather copies first, so overlapping rows move safely
+        self._view(len(rows))
+        self.lengths = self.lengths[rows]
+        if self.host_lengths is not None:
+            self.host_lengths = self.host_lengths[rows.cpu()]
+
+    def merge(self, other: ContextCache) -> None:
+        """Copy the requests of ``other`` in after the running ones."""
+        start, joining = self.batch_size, other.batch_size
+        if start + joining > self.max_batch:
+            raise ValueError(f"the static context cache holds {self.max_batch} requests; "
+                             f"{start} + {joining} would run")
+        needed = other.longest()
+        if needed > self.capacity:
+            raise ValueError(f"the static context cache holds {self.capacity} positions a request; "
+                             f"a joining request holds {needed}")
+        width = min(other.capacity, self.capacity)
+        for stores, parts in ((self.key_storage, other.keys), (self.value_storage, other.values)):
+            for store, part in zip(stores, parts):
+                store[start: start + joining, :width] = part[:, :width]
+        self._view(start + joining)
+        self.lengths = torch.cat([self.lengths, other.lengths.to(self.lengths)])
+        mirrored = self.host_lengths is not None and other.host_lengths is not None
+        self.host_lengths = torch.cat([self.host_lengths, other.host_lengths]) if mirrored else None
+
+    def _reserve(self, needed: int) -> None:
+        if needed > self.capacity:
+            raise ValueError(f"the static context cache holds {self.capacity} positions a request; {needed} are "
+                             "needed (size it for the longest prompt plus the tokens to generate)")
+
+
 class BlockBackbone(nn.Module):
     """DFlash-style parallel drafter with speculators' parameter names.
 
@@ -313,6 +373,23 @@ class BlockBackbone(nn.Module):
             host_lengths=torch.zeros(batch_size, dtype=torch.long),
         )
 
+    def new_static_cache(self, max_batch: int, capacity: int, *, device=None, dtype=None) -> StaticContextCache:
+        """An empty :class:`StaticContextCache` of ``max_batch`` requests × ``capacity`` positions, no request in
+        it yet (requests join by :meth:`ContextCache.merge`)."""
+        if max_batch < 1 or capacity < 1:
+            raise ValueError(f"max_batch and capacity must be >= 1, got {max_batch} and {capacity}")
+        param = self.fc.weight
+        shape = (max_batch, capacity, self.config.num_key_value_heads, self.config.head_dim)
+        kwargs = dict(device=device or param.device, dtype=dtype or param.dtype)
+        cache = StaticContextCache(
+            keys=[], values=[], lengths=torch.zeros(0, dtype=torch.long, device=kwargs["device"]),
+            host_lengths=torch.zeros(0, dtype=torch.long),
+            key_storage=[torch.zeros(shape, **kwargs) for _ in self.layers],
+            value_storage=[torch.zeros(shape, **kwargs) for _ in self.layers],
+        )
+        cache._view(0)
+        return cache
+
     @torch.no_grad()
     def extend_cache(self, cache: ContextCache, tap_features: torch.Tensor, num_new: torch.Tensor,
                      token_ids: torch.Tensor | None = None) -> None:
@@ -341,20 +418,24 @@ class BlockBackbone(nn.Module):
         positions = cache.lengths[:, None] + torch.arange(n_max, device=device)  # [B, n_max]
         # The ragged rows to write, found on the host, then sent: no wait for the device to count them.
         rows, cols = (torch.arange(n_max) < counts[:, None]).nonzero(as_tuple=True)
-        rows, cols = rows.to(device), cols.to(device)
+        rows, cols = upload(rows, device), upload(cols, device)
         slots = positions[rows, cols]
         for layer, key_store, value_store in zip(self.layers, cache.keys, cache.values):
             keys, values = layer.self_attn.context_kv(ctx_hidden, positions)
             key_store[rows, slots] = keys[rows, cols].to(key_store.dtype)
             value_store[rows, slots] = values[rows, cols].to(value_store.dtype)
-        cache.lengths = cache.lengths + counts.to(device)
+        cache.lengths = cache.lengths + upload(counts, device)
         cache.host_lengths = cache.host_lengths + counts
 
-    def forward_cached(self, anchor_ids: torch.Tensor, cache: ContextCache, *, backend: str = "auto") -> torch.Tensor:
+    def forward_cached(self, anchor_ids: torch.Tensor, cache: ContextCache, *, backend: str = "auto",
+                       context_rows: int | None = None) -> torch.Tensor:
         """Inference layout: one block per request at positions ``lengths[b] …`` over its cache.
 
         Args:
             anchor_ids: ``[B]`` the current anchors (the last committed tokens, not yet in the cache).
+            context_rows: how many cache rows attention reads per request (rows past a request's length are
+                masked). ``None`` reads as many as the longest request holds, a shape that changes every round;
+                a captured graph passes the cache's capacity, a shape that never does.
 
         Returns:
             ``h [B, γ, d]``.
@@ -365,7 +446,7 @@ class BlockBackbone(nn.Module):
         block_pos = anchor_pos[..., None] + torch.arange(self.config.block_size, device=anchor_ids.device)
         x = self.embed_tokens(self.block_ids(anchor_ids[:, None])).to(cache.keys[0].dtype)
         # Rows past the longest context are spare capacity: attention would upcast and mask them every round.
-        filled = cache.longest()
+        filled = cache.longest() if context_rows is None else context_rows
         for keys, values, layer in zip(cache.keys, cache.values, self.layers):
             x = layer(x, block_pos, keys[:, :filled], values[:, :filled], anchor_pos, None, backend)
         return self.norm(x)[:, 0]

@@ -20,6 +20,15 @@ def triton_available() -> bool:
     return True
 
 
+def upload(host: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """``host`` on ``device`` without making the host wait: on a GPU a copy from pageable memory first waits for
+    everything queued on the device, one from pinned memory does not (PyTorch keeps the pinned block alive until
+    the copy is done). Without a GPU there is nothing to pin."""
+    if torch.device(device).type == "cuda" and host.device.type == "cpu":
+        return host.pin_memory().to(device, non_blocking=True)
+    return host.to(device, non_blocking=True)
+
+
 def resolve_backend(backend: str, *tensors: torch.Tensor | None) -> str:
     """Turn ``backend`` (or ``auto``) into a concrete one.
 

@@ -146,6 +146,7 @@ class DSparkDrafter(BlockBackbone):
         top_k: int | None = None,
         top_p: float | None = None,
         backend: str = "auto",
+        context_rows: int | None = None,
     ) -> DraftOutput:
         """Draft one block per request over its context cache (method.md §1 steps 1–3).
 
@@ -153,8 +154,9 @@ class DSparkDrafter(BlockBackbone):
             anchor_ids: ``[R]`` current anchors.
             cache: context cache holding the fused target features of every position before the anchor.
             uniforms: ``[R, γ]`` draws in ``[0, 1)`` for the block sampler.
+            context_rows: cache rows attention reads per request; see :meth:`BlockBackbone.forward_cached`.
         """
-        hidden = self.forward_cached(anchor_ids, cache, backend=backend)
+        hidden = self.forward_cached(anchor_ids, cache, backend=backend, context_rows=context_rows)
         base_logits = self.lm_head(hidden)
         weights = self.markov_head.weights() if self.config.has_markov else None
         mapping = self.draft_to_target if self.reduced_vocab else None

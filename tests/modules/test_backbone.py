@@ -95,6 +95,60 @@ def test_cache_equals_full_recomputation_over_rounds():
             cache.crop(lengths)
 
 
+def test_a_static_cache_drafts_what_a_growing_one_does_and_never_moves_its_memory():
+    """Requests join, grow, leave and join again: a static cache read at its full capacity drafts what a growing
+    cache read to its longest request drafts, and its storage keeps the addresses it was allocated at."""
+    model, config = make_backbone(6)
+    gen = torch.Generator().manual_seed(7)
+    width = config.num_taps * config.hidden_size
+    static = model.new_static_cache(4, 16, dtype=torch.float64)
+    addresses = [t.data_ptr() for t in (*static.key_storage, *static.value_storage)]
+    growing = None
+    for joining, grow, keep in ((2, [3, 5], [0, 1]), (2, [1, 0, 2, 4], [3, 0, 2]), (1, [6, 1, 2, 1], [1, 2])):
+        part = model.new_cache(joining, capacity=2, dtype=torch.float64)
+        model.extend_cache(part, torch.randn(joining, 4, width, generator=gen, dtype=torch.float64),
+                           torch.randint(1, 5, (joining,), generator=gen))
+        static.merge(part)
+        if growing is None:
+            growing = model.new_cache(joining, capacity=2, dtype=torch.float64)
+            growing.keys, growing.values = [k.clone() for k in part.keys], [v.clone() for v in part.values]
+            growing.lengths, growing.host_lengths = part.lengths.clone(), part.host_lengths.clone()
+        else:
+            growing.merge(part)
+        chunk = torch.randn(len(grow), 6, width, generator=gen, dtype=torch.float64)
+        for cache in (static, growing):
+            model.extend_cache(cache, chunk, torch.tensor(grow))
+        anchors = torch.randint(0, config.vocab_size, (len(grow),), generator=gen)
+        with torch.no_grad():
+            full_capacity = model.forward_cached(anchors, static, context_rows=static.capacity)
+            longest = model.forward_cached(anchors, growing)
+        assert_close_float64(full_capacity, longest, name="static against growing cache")
+        assert torch.equal(static.lengths, growing.lengths)
+        for cache in (static, growing):
+            cache.select(torch.tensor(keep))
+    assert [t.data_ptr() for t in (*static.key_storage, *static.value_storage)] == addresses
+
+
+def test_a_static_cache_refuses_more_requests_or_positions_than_it_holds():
+    model, config = make_backbone(8)
+    width = config.num_taps * config.hidden_size
+    static = model.new_static_cache(2, 6, dtype=torch.float64)
+    part = model.new_cache(2, dtype=torch.float64)
+    model.extend_cache(part, torch.zeros(2, 4, width, dtype=torch.float64), torch.tensor([4, 2]))
+    static.merge(part)
+    with pytest.raises(ValueError, match="holds 2 requests"):
+        static.merge(model.new_cache(1, dtype=torch.float64))
+    with pytest.raises(ValueError, match="holds 6 positions"):
+        model.extend_cache(static, torch.zeros(2, 3, width, dtype=torch.float64), torch.tensor([3, 0]))
+    static.select(torch.tensor([1]))
+    long = model.new_cache(1, dtype=torch.float64)
+    model.extend_cache(long, torch.zeros(1, 7, width, dtype=torch.float64), torch.tensor([7]))
+    with pytest.raises(ValueError, match="holds 6 positions"):
+        static.merge(long)
+    with pytest.raises(ValueError, match="max_batch and capacity"):
+        model.new_static_cache(0, 6)
+
+
 def test_padding_block_changes_nothing_in_valid_blocks():
     model, config = make_backbone(5)
     features, anchor_ids, anchor_pos = feature_inputs(config, 1, 6, 3, 5)
