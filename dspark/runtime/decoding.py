@@ -25,9 +25,11 @@ from dataclasses import dataclass
 import torch
 
 from dspark._checks import check_sampling, trusted_values
+from dspark.backend import upload
 from dspark.contract import VerifyOutput
 from dspark.drafter import DraftOutput
 from dspark.metrics import AcceptanceStats
+from dspark.runtime.graphs import StaticRound, resolve_mode
 from dspark.runtime.results import GenerationResult, RequestClock, TokenBuffer
 from dspark.sampling import sample_from_probs, warp_logits
 from dspark.scheduler import FixedLength, Scheduler
@@ -107,7 +109,7 @@ def uniform_draws(shape: tuple[int, ...], generator: torch.Generator, dtype: tor
     dtype = torch.promote_types(dtype, torch.float32)
     draws = torch.rand(shape, generator=generator, dtype=torch.float64).to(dtype)
     below_one = 1.0 - torch.finfo(dtype).eps / 2
-    return torch.where(draws < 1, draws, torch.full_like(draws, below_one)).to(device)
+    return upload(torch.where(draws < 1, draws, torch.full_like(draws, below_one)), device)
 
 
 def sample(logits: torch.Tensor, config: SamplingConfig, generator: torch.Generator) -> torch.Tensor:
@@ -262,6 +264,17 @@ class SpeculativeDecoder:
             are read once either way. Off (the default), the pass is as wide as the longest verify length, which
             the host reads first. Greedy tokens are the same either way; sampled ones are drawn from the same
             distribution, with different draws (the verifier takes γ uniforms a request instead of ℓ_max).
+        graphs: ``"off"`` (the default): shapes follow the round (attention reads the longest request's context,
+            the batch is as large as the running requests). ``"eager"``: static shapes (batch buckets, a context
+            cache of fixed capacity, inputs copied into buffers allocated once; :mod:`dspark.runtime.graphs`),
+            run op by op. ``"captured"``: the same, with the draft side (drafter forward → Markov block sampler →
+            confidence) and the verifier each replayed from a CUDA graph per batch bucket; a ``ValueError``
+            without a CUDA device or under ``TRITON_INTERPRET=1``. ``"auto"``: captured where it can be, else
+            eager. ``graph_mode`` says which runs. Static shapes imply ``fixed_width`` and need a
+            :class:`dspark.DSparkDrafter`; the context cache holds the longest prompt plus ``max_new_tokens``
+            positions a request, and attention reads all of them every round. Tokens are those of ``"off"`` with
+            ``fixed_width`` up to floating-point rounding (the batch and context shapes differ); captured and
+            eager are equal bit for bit.
 
     After :meth:`start`, ``state`` is the target's decoding state and ``cache`` the drafter's context cache. The
     cache holds every committed token before the anchor whenever the drafter runs; after rounds that drafted
@@ -270,7 +283,7 @@ class SpeculativeDecoder:
 
     def __init__(self, target, drafter, config: SamplingConfig | None = None, *, scheduler: Scheduler | None = None,
                  backend: str = "auto", record_rounds: bool = False, record_drafts: bool = False,
-                 fixed_width: bool = False):
+                 fixed_width: bool = False, graphs: str = "off"):
         self.config = config or SamplingConfig()
         dcfg = drafter.config
         if list(dcfg.target_layer_ids) != list(target.tap_layers):
@@ -287,7 +300,11 @@ class SpeculativeDecoder:
         self.rounds: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         self.record_drafts = record_drafts
         self.drafts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
-        self.fixed_width = fixed_width
+        self.graph_mode = resolve_mode(graphs, self.device)
+        if self.graph_mode != "off" and not hasattr(drafter, "new_static_cache"):
+            raise ValueError(f"graphs={graphs!r} needs a DSparkDrafter, got {type(drafter).__name__}")
+        self.fixed_width = fixed_width or self.graph_mode != "off"
+        self.static: StaticRound | None = None
 
     @torch.no_grad()
     def start(self, prompts: list[list[int]], max_batch: int | None = None) -> SpeculativeDecoder:
@@ -314,10 +331,24 @@ class SpeculativeDecoder:
         self.request_rounds = torch.zeros(len(prompts), dtype=torch.long)
         self.clock = RequestClock(len(prompts), time.perf_counter())
         self.state, self.cache = None, None
+        if self.graph_mode != "off":
+            self._start_static(max(map(len, prompts)) + self.config.max_new_tokens)
         self.active = torch.zeros(0, dtype=torch.long)
         self.anchor = torch.zeros(0, dtype=torch.long, device=self.device)
         self._admit()
         return self
+
+    def _start_static(self, capacity: int) -> None:
+        """An empty static context cache of ``limit`` requests × ``capacity`` positions, and the static round over
+        it: the previous decode's when it is as large (its captured graphs are kept), else a new one."""
+        static = self.static
+        if static is None or static.cache.max_batch != self.limit or static.cache.capacity < capacity:
+            cache = self.drafter.new_static_cache(self.limit, capacity, device=self.device, dtype=self.dtype)
+            sampling = dict(temperature=self.config.temperature, top_k=self.config.top_k, top_p=self.config.top_p)
+            static = StaticRound(self.drafter, cache, self._verify, sampling, backend=self.backend,
+                                 mode=self.graph_mode)
+        static.cache.select(torch.zeros(0, dtype=torch.long))
+        self.static, self.cache = static, static.cache
 
     def _admit(self) -> None:
         """Let waiting prompts join while there is room: prefill each group, fill its drafter cache, sample its
@@ -338,9 +369,12 @@ class SpeculativeDecoder:
                 anchor = sample(logits, self.config, self.generator).to(self.device)
                 if len(self.active):
                     self.target.merge(self.state, state)
+                else:
+                    self.state = state
+                if len(self.active) or self.static is not None:  # a static cache keeps its memory: copy in
                     self.cache.merge(cache)
                 else:
-                    self.state, self.cache = state, cache
+                    self.cache = cache
                 rows = torch.tensor(group)
                 self.active, self.anchor = torch.cat([self.active, rows]), torch.cat([self.anchor, anchor])
                 self.outputs.append(rows, anchor[:, None], torch.ones(len(group), dtype=torch.long))
@@ -397,14 +431,17 @@ class SpeculativeDecoder:
         num = len(self.active)
         # The loop's own counts live on the host, so the scheduler learns what each request may still send for free.
         valid_len_host = torch.clamp(config.max_new_tokens - self.outputs.count[self.active] - 1, max=gamma)
-        valid_len = valid_len_host.to(device)
+        valid_len = upload(valid_len_host, device)
         t0 = time.perf_counter()
         draft = None
         if self.scheduler.may_send_drafts(valid_len_host, gamma):
             self._catch_up()
-            draft = self.drafter.draft(self.anchor, self.cache, self._uniforms(num, gamma, dtype=self.dtype),
-                                       temperature=config.temperature, top_k=config.top_k, top_p=config.top_p,
-                                       backend=self.backend)
+            draws = self._uniforms(num, gamma, dtype=self.dtype)
+            if self.static is not None:
+                draft = self.static.draft(self.anchor, draws)
+            else:
+                draft = self.drafter.draft(self.anchor, self.cache, draws, temperature=config.temperature,
+                                           top_k=config.top_k, top_p=config.top_p, backend=self.backend)
             if self.record_drafts:
                 self.drafts.append((self.active.clone(), self.state.next_pos.to("cpu", copy=True), draft.tokens.cpu()))
         else:
@@ -430,7 +467,12 @@ class SpeculativeDecoder:
         step = self.target.forward(self.state, fed, positions,
                                    torch.arange(width, device=device) <= verify_len[:, None])
         t_target = time.perf_counter()
-        result, finite = self._verify(step.logits, draft, verify_len, max(width - 1, 1))
+        slots = max(width - 1, 1)
+        draws = None if config.temperature == 0 else self._verify_draws(num, slots, step.logits.dtype)
+        if self.static is not None and draft is not None:
+            result, finite = self.static.verify(step.logits, verify_len, draws)
+        else:
+            result, finite = self._verify(step.logits, draft, verify_len, slots, draws)
         # The second read: every count, token and flag the host needs of the round, in one copy.
         decided = _RoundResults.read(verify_len, result, finite, draft)
         if not decided.finite:
@@ -467,11 +509,17 @@ class SpeculativeDecoder:
         self._admit()  # continuous batching: the places finished requests left go to waiting prompts
         return counts
 
-    def _verify(self, logits: torch.Tensor, draft: DraftOutput | None, verify_len: torch.Tensor,
-                slots: int) -> tuple[VerifyOutput, torch.Tensor]:
+    def _verify_draws(self, num: int, slots: int, logits_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rejection sampler's uniforms, ``[R, slots]`` and ``[R]``, in the dtype of the target's probabilities."""
+        dtype = torch.promote_types(logits_dtype, torch.float32)
+        return self._uniforms(num, slots, dtype=dtype), self._uniforms(num, dtype=dtype)
+
+    def _verify(self, logits: torch.Tensor, draft: DraftOutput | None, verify_len: torch.Tensor, slots: int,
+                draws: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[VerifyOutput, torch.Tensor]:
         """Rejection-sample the round from the verify pass's ``logits [R, width, V]``; ``slots`` ≥ 1 drafted
-        slots are handed to the verifier (with ℓ = 0 everywhere only target row 0 is read). Returns the verdict and
-        a 0-dim bool on the device: whether every logit and draft probability it read was finite."""
+        slots are handed to the verifier (with ℓ = 0 everywhere only target row 0 is read), with ``draws``
+        (``None`` when greedy). Returns the verdict and a 0-dim bool on the device: whether every logit and draft
+        probability it read was finite."""
         config, num, device = self.config, len(verify_len), verify_len.device
         if config.temperature == 0:  # one-hot distributions: verify_greedy returns what verify would, from argmaxes
             # max propagates NaN and finds +inf, so finite maxima mean every argmax is a real token.
@@ -491,9 +539,8 @@ class SpeculativeDecoder:
         else:
             tokens, draft_probs = draft.tokens[:, :slots], draft.draft_probs[:, :slots].to(dtype)
             finite = finite & _finite(draft_probs)
-        return verify(tokens, draft_probs, target_probs, verify_len,
-                      self._uniforms(num, slots, dtype=dtype), self._uniforms(num, dtype=dtype),
-                      eos_token_id=self.eos, backend=self.backend), finite
+        return verify(tokens, draft_probs, target_probs, verify_len, *draws, eos_token_id=self.eos,
+                      backend=self.backend), finite
 
     def run(self, progress: bool = False) -> GenerationResult:
         """Step until every request has finished; the result's time includes the prefill."""
