@@ -66,14 +66,15 @@ class _OpShapes(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_the_captured_functions_run_the_same_shapes_every_round_and_never_wait_for_the_device(temperature):
+@pytest.mark.parametrize("sampling", [dict(temperature=0.0), dict(temperature=1.0),
+                                      dict(temperature=0.8, top_k=8, top_p=0.9)])
+def test_the_captured_functions_run_the_same_shapes_every_round_and_never_wait_for_the_device(sampling):
     """What a CUDA graph replays must not change between rounds: over rounds whose context lengths and accepted
     counts differ, the draft and verify functions of a bucket run the same operations on the same shapes, read no
     device value and copy nothing from the host."""
     target = tiny_target(vocab=64)
     drafter = drafter_for(target)
-    config = SamplingConfig(max_new_tokens=30, temperature=temperature, eos_token_id=63, seed=2)
+    config = SamplingConfig(max_new_tokens=30, eos_token_id=63, seed=2, **sampling)
     trace = HostTrace([target.model, drafter])
     with trace:
         decoder = SpeculativeDecoder(target, drafter, config, scheduler=Threshold(0.5), backend="torch",
