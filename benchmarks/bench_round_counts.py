@@ -16,10 +16,15 @@ warm-up round): ``launches_per_round`` (Triton launches plus PyTorch operations 
 
 With the fused kernels the rounds are counted twice: with verify passes as wide as the longest verify length (the
 host reads the lengths first) and with fixed-width passes (``SpeculativeDecoder(fixed_width=True)``, one read a
-round). ``capture_round_calls`` records the arguments of each fused op in a round, which
+round), and with the static shapes a CUDA graph needs (``SpeculativeDecoder(graphs="eager")``, on both backends):
+there ``launches_in_graphs_per_round`` are those a captured round replays from its two graphs, and
+``host_launches_per_round_when_captured`` what the host still issues itself (the graphs counting one each).
+``host_to_device_async_per_round`` counts the copies to the device that do not wait (pinned, non-blocking).
+``capture_round_calls`` records the arguments of each fused op in a round, which
 ``bench_launcher_host.py`` replays to time the launchers' host work.
 
-    TRITON_INTERPRET=1 python benchmarks/bench_round_counts.py [--rounds 2] [--no-fixed-width] [--tag before]
+    TRITON_INTERPRET=1 python benchmarks/bench_round_counts.py [--rounds 2] [--no-fixed-width] [--no-graphs]
+                                                                [--tag before]
                                                                 [--out benchmarks/results]
 """
 
@@ -68,9 +73,10 @@ def build(seed: int = 0):
 
 
 def decoder_for(target, drafter, requests: int, temperature: float, backend: str, seed: int = 1,
-                fixed_width: bool = False):
+                fixed_width: bool = False, graphs: str = "off"):
     """A decoder running ``requests`` random prompts (drawn with ``seed``), started and one round in (kernels warmed
-    up); ``fixed_width``: its verify passes are always γ + 1 wide (``SpeculativeDecoder(fixed_width=True)``)."""
+    up); ``fixed_width``: its verify passes are always γ + 1 wide (``SpeculativeDecoder(fixed_width=True)``);
+    ``graphs``: ``SpeculativeDecoder(graphs=...)``."""
     from dspark.runtime.decoding import SamplingConfig, SpeculativeDecoder
     from dspark.scheduler import PrefixScheduler, SPSTable
 
@@ -79,34 +85,42 @@ def decoder_for(target, drafter, requests: int, temperature: float, backend: str
     config = SamplingConfig(max_new_tokens=96, temperature=temperature, eos_token_id=target.vocab_size - 1)
     sps = SPSTable.linear(1.0, 1e-6, requests * (GAMMA + 1))  # one more verified token is nearly free: send all
     decoder = SpeculativeDecoder(target, drafter, config, scheduler=PrefixScheduler(sps), backend=backend,
-                                 fixed_width=fixed_width)
+                                 fixed_width=fixed_width, graphs=graphs)
     decoder.start(prompts.tolist())
     decoder.step()
     return decoder
 
 
 def trace_rounds(target, drafter, requests: int, temperature: float, backend: str, rounds: int, seed: int,
-                 fixed_width: bool):
+                 fixed_width: bool, graphs: str = "off"):
     """Trace ``rounds`` calls of ``SpeculativeDecoder.step`` after one untraced round, each part of the round in a
     phase of its own. The trace runs from before the decoder starts, so that it knows the caches it made live on
-    the device; what the start and the first round did is then forgotten. Returns the decoder and the trace."""
+    the device; what the start and the first round did is then forgotten. With static shapes the two functions a
+    CUDA graph would capture are the phases ``draft_graph`` and ``verify_graph``. Returns the decoder and the
+    trace."""
     import dspark.drafter
     import dspark.scheduler
 
     trace = HostTrace([target.model, drafter])
     with trace:
-        decoder = decoder_for(target, drafter, requests, temperature, backend, seed, fixed_width)
+        decoder = decoder_for(target, drafter, requests, temperature, backend, seed, fixed_width, graphs)
         trace.reset()
         trace.wrap(decoder, "step", "bookkeeping")
         trace.wrap(decoder, "_catch_up", "drafter_forward")
-        trace.wrap(drafter, "draft", "draft_other")
-        trace.wrap(drafter, "forward_cached", "drafter_forward")
-        trace.wrap(dspark.drafter, "sample_block", "markov")
-        trace.wrap(dspark.drafter, "confidence_survival", "confidence")
+        if decoder.static is None:
+            trace.wrap(drafter, "draft", "draft_other")
+            trace.wrap(drafter, "forward_cached", "drafter_forward")
+            trace.wrap(dspark.drafter, "sample_block", "markov")
+            trace.wrap(dspark.drafter, "confidence_survival", "confidence")
+            trace.wrap(decoder, "_verify", "verify")
+        else:
+            trace.wrap(decoder.static, "draft", "draft_inputs")
+            trace.wrap(decoder.static, "verify", "verify_inputs")
+            trace.wrap(decoder.static.drafter, "draft", "draft_graph")
+            trace.wrap(decoder.static, "verifier", "verify_graph")
         trace.wrap(decoder.scheduler, "may_send_drafts", "scheduler")
         trace.wrap(dspark.scheduler, "schedule_greedy", "scheduler")
         trace.wrap(target, "forward", "target_forward")
-        trace.wrap(decoder, "_verify", "verify")
         trace.wrap(target, "keep", "cache_update")
         trace.wrap(drafter, "extend_cache", "cache_update")
         for _ in range(rounds):
@@ -115,23 +129,31 @@ def trace_rounds(target, drafter, requests: int, temperature: float, backend: st
 
 
 def count_row(target, drafter, requests: int, temperature: float, backend: str, rounds: int,
-              fixed_width: bool = False) -> dict:
+              fixed_width: bool = False, graphs: str = "off") -> dict:
     os.environ["DSPARK_BACKEND"] = backend  # what backend="auto" picks: the scheduler's Algorithm 1 too
     # A random target emits its EOS now and then; prompts where no request finishes keep R requests in every round.
     for seed in range(1, 11):
-        decoder, trace = trace_rounds(target, drafter, requests, temperature, backend, rounds, seed, fixed_width)
+        decoder, trace = trace_rounds(target, drafter, requests, temperature, backend, rounds, seed, fixed_width,
+                                      graphs)
         if len(decoder.active) == requests:
             break
     else:
         raise RuntimeError(f"a request finished during the traced rounds for every prompt seed tried (R={requests})")
     total = sum(trace.counts.values(), Counter())
-    row = {"requests": requests, "backend": backend, "temperature": temperature, "fixed_width": fixed_width,
-           "rounds": rounds,
+    row = {"requests": requests, "backend": backend, "temperature": temperature,
+           "fixed_width": decoder.fixed_width, "graphs": graphs, "rounds": rounds,
            "launches_per_round": (total["triton_launches"] + total["torch_ops"]) / rounds,
            "triton_launches_per_round": total["triton_launches"] / rounds,
            "torch_ops_per_round": total["torch_ops"] / rounds,
            "host_syncs_per_round": total["host_syncs"] / rounds,
-           "host_to_device_per_round": total["host_to_device"] / rounds}
+           "host_to_device_per_round": total["host_to_device"] / rounds,
+           "host_to_device_async_per_round": total["host_to_device_async"] / rounds}
+    if graphs != "off":
+        # Captured, each graph's launches are one replay: what the host then issues a round.
+        inside = sum(trace.counts[phase]["triton_launches"] + trace.counts[phase]["torch_ops"]
+                     for phase in ("draft_graph", "verify_graph")) / rounds
+        row["launches_in_graphs_per_round"] = inside
+        row["host_launches_per_round_when_captured"] = row["launches_per_round"] - inside + 2
     for computation in sorted(set(COMPUTATION_OF.values())):
         row[f"{computation}_launches"] = sum(n for key, n in total.items() if key.startswith("launch:")
                                              and COMPUTATION_OF[key[len("launch:"):]] == computation) / rounds
@@ -175,6 +197,8 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--no-fixed-width", dest="fixed_width", action="store_false",
                         help="skip the rows with fixed-width verify passes (commits before it had none)")
+    parser.add_argument("--no-graphs", dest="graphs", action="store_false",
+                        help="skip the rows with static shapes (SpeculativeDecoder(graphs='eager'))")
     parser.add_argument("--requests", type=int, nargs="+", default=list(REQUESTS))
     parser.add_argument("--tag", default=None, help="writes round_counts_cpu_<tag>.json")
     parser.add_argument("--out", type=Path, default=None)
@@ -187,11 +211,19 @@ def main(argv=None) -> int:
         for backend in ("triton", "torch"):
             for temperature in (0.0, 1.0):
                 # A fixed-width verify pass matters where the scheduler runs on the device: the fused kernels.
-                for fixed_width in (False, True) if backend == "triton" and args.fixed_width else (False,):
+                variants = [(False, "off")]
+                if backend == "triton" and args.fixed_width:
+                    variants.append((True, "off"))
+                if args.graphs:
+                    variants.append((True, "eager"))
+                for fixed_width, graphs in variants:
                     for requests in args.requests:
-                        row = count_row(target, drafter, requests, temperature, backend, args.rounds, fixed_width)
+                        row = count_row(target, drafter, requests, temperature, backend, args.rounds, fixed_width,
+                                        graphs)
                         rows.append(row)
-                        print(f"{backend}, T={temperature:g}, {'fixed' if fixed_width else 'longest'} width, "
+                        shapes = ("static shapes" if graphs != "off" else "fixed width" if fixed_width
+                                  else "longest width")
+                        print(f"{backend}, T={temperature:g}, {shapes}, "
                               f"R={requests}: {row['launches_per_round']:.0f} launches "
                               f"({row['triton_launches_per_round']:.0f} Triton, {row['torch_ops_per_round']:.0f} "
                               f"PyTorch), {row['host_syncs_per_round']:.0f} host syncs, Markov "
