@@ -66,18 +66,21 @@ class _OpShapes(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("sampling", [dict(temperature=0.0), dict(temperature=1.0),
-                                      dict(temperature=0.8, top_k=8, top_p=0.9)])
-def test_the_captured_functions_run_the_same_shapes_every_round_and_never_wait_for_the_device(sampling):
+@pytest.mark.parametrize("backend, sampling", [("torch", dict(temperature=0.0)), ("torch", dict(temperature=1.0)),
+                                               ("torch", dict(temperature=0.8, top_k=8, top_p=0.9)),
+                                               ("triton", dict(temperature=0.8, top_k=8, top_p=0.9))])
+def test_the_captured_functions_run_the_same_shapes_every_round_and_never_wait_for_the_device(backend, sampling):
     """What a CUDA graph replays must not change between rounds: over rounds whose context lengths and accepted
     counts differ, the draft and verify functions of a bucket run the same operations on the same shapes, read no
-    device value and copy nothing from the host."""
+    device value and copy nothing from the host. The first round is left out of the shape comparison: the fused
+    kernels' launchers build their plans (constant tensors) at their first call, as the warm-up before a capture
+    does."""
     target = tiny_target(vocab=64)
     drafter = drafter_for(target)
     config = SamplingConfig(max_new_tokens=30, eos_token_id=63, seed=2, **sampling)
     trace = HostTrace([target.model, drafter])
     with trace:
-        decoder = SpeculativeDecoder(target, drafter, config, scheduler=Threshold(0.5), backend="torch",
+        decoder = SpeculativeDecoder(target, drafter, config, scheduler=Threshold(0.5), backend=backend,
                                      graphs="eager")
         decoder.start(PROMPTS)
         static = decoder.static
@@ -93,12 +96,12 @@ def test_the_captured_functions_run_the_same_shapes_every_round_and_never_wait_f
                 return out
             runner.fn = traced
         lengths = []
-        for _ in range(4):
+        for _ in range(5):
             lengths.append(decoder.cache.lengths.tolist())
             decoder.step()
-    assert len(set(map(tuple, lengths))) == 4, "the rounds must differ in context lengths"
+    assert len(set(map(tuple, lengths[1:]))) == 4, "the rounds must differ in context lengths"
     for name, rounds in recorded.items():
-        assert len(rounds) == 4 and all(ops == rounds[0] for ops in rounds), f"{name} shapes changed between rounds"
+        assert len(rounds) == 5 and all(ops == rounds[1] for ops in rounds[2:]), f"{name} shapes changed between rounds"
         counts = trace.counts[f"{name}_graph"]
         assert counts["torch_ops"] > 0
         assert counts["host_syncs"] == counts["host_to_device"] == counts["host_to_device_async"] == 0, counts
