@@ -82,18 +82,9 @@ def draft_side(decoder: SpeculativeDecoder, logits: torch.Tensor, valid_len: tor
     """One round's calls besides the target's pass, as ``SpeculativeDecoder.step`` makes them."""
     num, gamma = len(decoder.active), decoder.gamma
     with trusted_values():
-        draws = decoder._uniforms(num, gamma, dtype=decoder.dtype)
-        if decoder.static is not None:
-            draft = decoder.static.draft(decoder.anchor, draws)
-        else:
-            config = decoder.config
-            draft = decoder.drafter.draft(decoder.anchor, decoder.cache, draws, temperature=config.temperature,
-                                          top_k=config.top_k, top_p=config.top_p, backend=decoder.backend)
+        draft = decoder._draft(decoder._uniforms(num, gamma, dtype=decoder.dtype))
         verify_len = decoder.scheduler(draft.confidence, valid_len)
-        verify_draws = decoder._verify_draws(num, gamma, logits.dtype)
-        if decoder.static is not None:
-            return decoder.static.verify(logits, verify_len, verify_draws)
-        return decoder._verify(logits, draft, verify_len, gamma, verify_draws)
+        return decoder._verify_round(logits, draft, verify_len, gamma, decoder._verify_draws(num, gamma, logits.dtype))
 
 
 def target_pass(target: TargetModel, requests: int, context: int, device: str):

@@ -436,12 +436,7 @@ class SpeculativeDecoder:
         draft = None
         if self.scheduler.may_send_drafts(valid_len_host, gamma):
             self._catch_up()
-            draws = self._uniforms(num, gamma, dtype=self.dtype)
-            if self.static is not None:
-                draft = self.static.draft(self.anchor, draws)
-            else:
-                draft = self.drafter.draft(self.anchor, self.cache, draws, temperature=config.temperature,
-                                           top_k=config.top_k, top_p=config.top_p, backend=self.backend)
+            draft = self._draft(self._uniforms(num, gamma, dtype=self.dtype))
             if self.record_drafts:
                 self.drafts.append((self.active.clone(), self.state.next_pos.to("cpu", copy=True), draft.tokens.cpu()))
         else:
@@ -469,10 +464,7 @@ class SpeculativeDecoder:
         t_target = time.perf_counter()
         slots = max(width - 1, 1)
         draws = None if config.temperature == 0 else self._verify_draws(num, slots, step.logits.dtype)
-        if self.static is not None and draft is not None:
-            result, finite = self.static.verify(step.logits, verify_len, draws)
-        else:
-            result, finite = self._verify(step.logits, draft, verify_len, slots, draws)
+        result, finite = self._verify_round(step.logits, draft, verify_len, slots, draws)
         # The second read: every count, token and flag the host needs of the round, in one copy.
         decided = _RoundResults.read(verify_len, result, finite, draft)
         if not decided.finite:
@@ -508,6 +500,23 @@ class SpeculativeDecoder:
         self.steps += 1
         self._admit()  # continuous batching: the places finished requests left go to waiting prompts
         return counts
+
+    def _draft(self, draws: torch.Tensor) -> DraftOutput:
+        """A block for the active requests from ``draws [R, γ]``: by the static round (eager or captured) when
+        shapes are static, else by the drafter at the round's own shapes."""
+        if self.static is not None:
+            return self.static.draft(self.anchor, draws)
+        config = self.config
+        return self.drafter.draft(self.anchor, self.cache, draws, temperature=config.temperature, top_k=config.top_k,
+                                  top_p=config.top_p, backend=self.backend)
+
+    def _verify_round(self, logits: torch.Tensor, draft: DraftOutput | None, verify_len: torch.Tensor, slots: int,
+                      draws: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[VerifyOutput, torch.Tensor]:
+        """:meth:`_verify` of this round's block, by the static round when shapes are static and a block was
+        drafted (a round without one verifies a width-1 pass, which no graph holds)."""
+        if self.static is not None and draft is not None:
+            return self.static.verify(logits, verify_len, draws)
+        return self._verify(logits, draft, verify_len, slots, draws)
 
     def _verify_draws(self, num: int, slots: int, logits_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """The rejection sampler's uniforms, ``[R, slots]`` and ``[R]``, in the dtype of the target's probabilities."""
