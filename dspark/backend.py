@@ -37,7 +37,7 @@ def resolve_backend(backend: str, *tensors: torch.Tensor | None) -> str:
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    on_cuda = any(t is not None and t.is_cuda for t in tensors)
+    on_cuda = _any_on_cuda(tensors)
     if backend == "auto":
         forced = os.environ.get("DSPARK_BACKEND", "").strip()
         if forced and forced not in BACKENDS[1:]:
@@ -47,3 +47,11 @@ def resolve_backend(backend: str, *tensors: torch.Tensor | None) -> str:
         raise ValueError("backend='triton' needs CUDA tensors (Triton kernels run on a GPU), or TRITON_INTERPRET=1 "
                          "set before Triton is imported to run them slowly on the CPU; use backend='torch' here")
     return backend
+
+
+def _any_on_cuda(tensors: tuple) -> bool:
+    # A loop, not any() over a generator: this runs on every op call, where the generator's setup is a third of it.
+    for t in tensors:
+        if t is not None and t.is_cuda:
+            return True
+    return False

@@ -64,7 +64,6 @@ def confidence_survival(
         float32 for half-precision inputs (every backend accumulates in float32), float64 for float64 ones.
     """
     check_once(_check_inputs, hidden, weight, bias, prev_ids, markov_w1, temperatures)
-    rank = weight.shape[1] - hidden.shape[2]
     backend = resolve_backend(backend, hidden)
     if backend == "reference":
         from dspark.reference.confidence import confidence_survival as reference_confidence_survival
@@ -75,6 +74,7 @@ def confidence_survival(
 
         return triton_confidence_survival(hidden, weight, bias, prev_ids, markov_w1, temperatures)
     compute = torch.promote_types(hidden.dtype, torch.float32)  # the kernel's accumulation, and its output dtype
+    rank = weight.shape[1] - hidden.shape[2]
     features = hidden if rank == 0 else torch.cat([hidden, markov_w1[prev_ids].to(hidden.dtype)], -1)
     logits = (features.to(compute) @ weight.to(compute).T).squeeze(-1)
     if bias is not None:

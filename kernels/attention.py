@@ -37,6 +37,7 @@ import triton.language as tl
 from dspark.kernels._tuning import (
     accumulator,
     empty_output,
+    empty_output_like,
     interpreting,
     launch,
     next_power_of_2,
@@ -371,12 +372,12 @@ def _forward(q, k_ctx, v_ctx, k_blk, v_blk, ctx_len, block_valid, scale, with_ls
     k_blk, v_blk = _same_layout(k_blk, v_blk)
     key = ("block_attention", q.shape, k_ctx.shape, q.dtype, q.device, with_lse, num_splits, scale)
     plan = planned(key, lambda: _forward_plan(q, k_ctx, scale, with_lse, num_splits))
-    out = empty_output(*q.shape, dtype=plan.store_dtype, device=q.device)
+    out = empty_output_like(q, dtype=plan.store_dtype)
     lse = empty_output(*q.shape[:-1], dtype=plan.acc_dtype, device=q.device) if with_lse else out
     # Δ = rowsum(dO ∘ O) in the backward cancels to fp32 accuracy only from an O that was never rounded to bf16.
     out_acc = empty_output(*q.shape, dtype=plan.acc_dtype, device=q.device) if with_lse else out
     if q.numel() == 0:
-        return out.to(q.dtype), lse, out_acc
+        return _in_dtype(out, q.dtype), lse, out_acc
     parts = stats = out
     if plan.num_splits > 1:
         parts = empty_output(plan.num_splits, *q.shape, dtype=plan.acc_dtype, device=q.device)
@@ -389,7 +390,13 @@ def _forward(q, k_ctx, v_ctx, k_blk, v_blk, ctx_len, block_valid, scale, with_ls
            plan.constexprs, device=q.device, table=CONFIGS, key=None, fits=plan.fits, config=plan.config)
     if plan.num_splits > 1:
         return _combine_splits(parts, stats, valid).to(q.dtype), lse, out_acc
-    return out.to(q.dtype), lse, out_acc
+    return _in_dtype(out, q.dtype), lse, out_acc
+
+
+def _in_dtype(out: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``out`` as ``dtype``; tested first because even a ``.to`` that changes nothing costs the host a microsecond,
+    a tenth of the launcher's whole host time at batch 1."""
+    return out if out.dtype == dtype else out.to(dtype)
 
 
 class _ForwardPlan(NamedTuple):
@@ -436,7 +443,8 @@ def _forward_plan(q, k_ctx, scale, with_lse, num_splits) -> _ForwardPlan:
 def _same_layout(keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Keys and values as they are when they share strides with unit steps along the head dimension (the kernel
     reads both with one set), else contiguous copies."""
-    if keys.stride() == values.stride() and keys.stride(-1) == 1:
+    strides = keys.stride()
+    if strides == values.stride() and strides[-1] == 1:
         return keys, values
     return keys.contiguous(), values.contiguous()
 

@@ -73,9 +73,10 @@ def confidence_survival(hidden, weight, bias, prev_ids, markov_w1, temperatures)
     key = ("confidence", hidden.dtype, device, gamma, hidden_size, rank, bias is not None, temperatures is not None)
     plan = planned(key, lambda: _plan(hidden.dtype, device, hidden_size, rank, bias is not None,
                                       temperatures is not None))
-    outs = [empty_output(num_requests, gamma, dtype=plan.out_dtype, device=device) for _ in range(3)]
+    # One allocation split in three: at batch 1 each allocation costs the host as much as the split does.
+    outs = empty_output(3, num_requests, gamma, dtype=plan.out_dtype, device=device).unbind(0)
     if num_requests == 0:
-        return tuple(outs)
+        return outs
     hidden, weight = hidden.contiguous(), weight.contiguous()
     w1 = markov_w1.contiguous() if rank else weight
     prev = prev_ids.contiguous() if rank else outs[0]
@@ -84,7 +85,7 @@ def confidence_survival(hidden, weight, bias, prev_ids, markov_w1, temperatures)
             temperatures.contiguous() if temperatures is not None else weight, *outs, gamma, hidden_size, rank,
             hidden.stride(0), hidden.stride(1), w1.stride(0), prev.stride(0), prev.stride(1), gamma),
            plan.constexprs, device=device, table=CONFIGS, key=None, config=plan.config)
-    return tuple(outs)
+    return outs
 
 
 class _Plan(NamedTuple):
